@@ -1,0 +1,29 @@
+"""Sandfork: snapshot, restore and fork live sandboxes.
+
+``from sandfork import Sandbox`` gives the SDK; the engine, backends and guest agent live in
+the subpackages.
+"""
+
+from sandfork.sdk import (
+    Client,
+    CodeContext,
+    CommandFailed,
+    ExecResult,
+    Execution,
+    NotFoundError,
+    Sandbox,
+    SandboxTimeout,
+    SandforkError,
+)
+
+__all__ = [
+    "Client",
+    "CodeContext",
+    "CommandFailed",
+    "ExecResult",
+    "Execution",
+    "NotFoundError",
+    "Sandbox",
+    "SandboxTimeout",
+    "SandforkError",
+]

@@ -1,0 +1,5 @@
+"""``python -m sandfork`` runs the CLI."""
+
+from sandfork.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""The QEMU command line of a sandbox VM and the files that go with it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandfork.backends.vm.accel import Accelerator
+
+# qboot starts a -kernel guest noticeably faster than SeaBIOS (measured under TCG: 4.35 s vs
+# 4.90 s to the initramfs); fall back to QEMU's default firmware where it is not installed.
+_QBOOT = Path("/usr/share/qemu/qboot.rom")
+
+
+@dataclass(frozen=True)
+class VmLayout:
+    """The files of one VM inside its sandbox directory."""
+
+    dir: Path
+
+    @property
+    def overlay(self) -> Path:
+        return self.dir / "overlay.qcow2"
+
+    @property
+    def qmp_socket(self) -> Path:
+        return self.dir / "qmp.sock"
+
+    @property
+    def agent_socket(self) -> Path:
+        return self.dir / "agent.sock"
+
+    @property
+    def console_log(self) -> Path:
+        return self.dir / "console.log"
+
+    @property
+    def qemu_log(self) -> Path:
+        return self.dir / "qemu.log"
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """What a VM is made of; the same spec must be used to restore its snapshots."""
+
+    kernel: Path
+    initrd: Path
+    cmdline: str
+    memory_mb: int
+    cpus: int
+    accel: Accelerator
+
+
+def qemu_binary() -> str:
+    """Path of ``qemu-system-x86_64``, or a clear error when QEMU is not installed."""
+    path = shutil.which("qemu-system-x86_64")
+    if path is None:
+        raise FileNotFoundError(
+            "qemu-system-x86_64 not found: install Debian's qemu-system-x86 package "
+            "(scripts/install-system-deps.sh does)"
+        )
+    return path
+
+
+def create_overlay(base: Path, overlay: Path) -> None:
+    """Make a copy-on-write qcow2 overlay of ``base`` for one sandbox."""
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(base), str(overlay)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def command_line(spec: VmSpec, layout: VmLayout) -> list[str]:
+    """The full QEMU command line for ``spec`` with its files in ``layout``."""
+    firmware = ["-bios", str(_QBOOT)] if _QBOOT.exists() else []
+    return [
+        qemu_binary(),
+        "-name", "sandfork,debug-threads=on",
+        "-M", "q35",
+        *firmware,
+        *spec.accel.qemu_args(),
+        "-smp", str(spec.cpus),
+        "-m", f"{spec.memory_mb}M",
+        "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+        "-serial", f"file:{layout.console_log}",
+        "-kernel", str(spec.kernel),
+        "-initrd", str(spec.initrd),
+        "-append", spec.cmdline,
+        "-drive", f"id=root,file={layout.overlay},if=none,format=qcow2,discard=unmap",
+        "-device", "virtio-blk-pci,drive=root",
+        "-device", "virtio-serial-pci",
+        "-chardev", f"socket,id=agent,path={layout.agent_socket},server=on,wait=off",
+        "-device", "virtserialport,chardev=agent,name=sandfork.agent",
+        "-netdev", "user,id=net0",
+        "-device", "virtio-net-pci,netdev=net0",
+        "-object", "rng-random,id=rng0,filename=/dev/urandom",
+        "-device", "virtio-rng-pci,rng=rng0",
+        "-qmp", f"unix:{layout.qmp_socket},server=on,wait=off",
+    ]  # fmt: skip

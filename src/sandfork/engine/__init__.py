@@ -1,0 +1,1 @@
+"""The Sandfork engine: sandboxes, their metadata and the HTTP API."""

@@ -1,0 +1,120 @@
+"""The engine process: the tornado application, its runtime files and its life cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+from pathlib import Path
+from typing import Any
+
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from sandfork.backends.vm.backend import VmBackend
+from sandfork.engine.config import EngineConfig
+from sandfork.engine.db import Database
+from sandfork.engine.errors import NotFound
+from sandfork.engine.handlers.base import ApiHandler
+from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler
+from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
+from sandfork.engine.handlers.repl import RunHandler, SessionHandler, SessionsHandler
+from sandfork.engine.handlers.sandboxes import SandboxesHandler, SandboxHandler
+from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
+from sandfork.engine.manager import SandboxManager
+from sandfork.paths import state_dir
+
+log = logging.getLogger(__name__)
+
+_SBX = r"(sbx_[0-9a-f]{16})"
+_CTX = r"([A-Za-z0-9_-]{1,64})"
+
+
+class NotFoundHandler(ApiHandler):
+    """Any other path: authenticated like the rest, then a JSON 404."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        raise NotFound(f"no such endpoint: {self.request.method} {self.request.path}")
+
+
+def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web.Application:
+    """The tornado application serving the ``/v1`` API."""
+    routes: list[Any] = [
+        (r"/v1/health", HealthHandler),
+        (r"/v1/templates", TemplatesHandler),
+        (r"/v1/sandboxes", SandboxesHandler),
+        (rf"/v1/sandboxes/{_SBX}", SandboxHandler),
+        (rf"/v1/sandboxes/{_SBX}/exec", ExecHandler),
+        (rf"/v1/sandboxes/{_SBX}/exec/stream", ExecStreamHandler),
+        (rf"/v1/sandboxes/{_SBX}/fs", FileHandler),
+        (rf"/v1/sandboxes/{_SBX}/fs/dir", DirHandler),
+        (rf"/v1/sandboxes/{_SBX}/fs/stat", StatHandler),
+        (rf"/v1/sandboxes/{_SBX}/repl/sessions", SessionsHandler),
+        (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}", SessionHandler),
+        (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}/run", RunHandler),
+    ]
+    return web.Application(
+        routes,
+        default_handler_class=NotFoundHandler,
+        manager=manager,
+        config=config,
+        api_key=api_key,
+        max_body_size=256 * 1024 * 1024,
+    )
+
+
+def load_or_create_api_key(runtime: Path) -> str:
+    """The engine's API key, generated on first start and kept with mode 0600."""
+    path = runtime / "api_key"
+    if path.exists():
+        return path.read_text().strip()
+    runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = "sfk_" + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+async def serve(config: EngineConfig) -> None:
+    """Run the engine until SIGINT/SIGTERM; sandboxes keep running after it stops."""
+    home = Path(config.state_dir) if config.state_dir else state_dir()
+    runtime = home / "run"
+    api_key = load_or_create_api_key(runtime)
+    db = Database(home / "engine.sqlite")
+    backend = VmBackend(config.accelerator, config.boot_timeout)
+    manager = SandboxManager(
+        db,
+        backend,
+        home / "sandboxes",
+        max_output=config.max_output_bytes,
+        default_timeout=config.default_exec_timeout,
+    )
+    await manager.start()
+    sockets = bind_sockets(config.port, address=config.ip)
+    server = HTTPServer(make_app(manager, config, api_key), max_body_size=256 * 1024 * 1024)
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    host = f"[{config.ip}]" if ":" in config.ip else config.ip
+    url = f"http://{host}:{port}"
+    info = runtime / "engine.json"
+    info.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    log.info(
+        "sandfork engine on %s (accelerator: %s; %s)", url, backend.accel.name, backend.accel.reason
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        server.stop()
+        info.unlink(missing_ok=True)
+        await manager.stop()
+        db.close()

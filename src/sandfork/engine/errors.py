@@ -1,0 +1,42 @@
+"""Errors the engine reports to API clients, each with its HTTP status."""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """A failure to report as ``{"error": message}`` with an HTTP status."""
+
+    status = 500
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(ApiError):
+    """The request is malformed or names something invalid (400)."""
+
+    status = 400
+
+
+class NotFound(ApiError):
+    """The named sandbox, context or file does not exist (404)."""
+
+    status = 404
+
+
+class Conflict(ApiError):
+    """The sandbox is not in a state that allows the request (409)."""
+
+    status = 409
+
+
+class Timeout(ApiError):
+    """The work ran past its deadline and was stopped (504).
+
+    A 5xx whose message says "timeout" is what PandaStack's SDK maps to ``SandboxTimeout``.
+    """
+
+    status = 504

@@ -1,0 +1,1 @@
+"""HTTP handlers of the engine's ``/v1`` API."""

@@ -1,0 +1,45 @@
+"""``/v1/sandboxes/{id}/repl/sessions``: code contexts (real ipykernels inside the sandbox)."""
+
+from __future__ import annotations
+
+from sandfork.engine.errors import BadRequest
+from sandfork.engine.handlers.base import ApiHandler, field, timeout_field
+
+DEFAULT_CONTEXT = "default"
+
+
+class SessionsHandler(ApiHandler):
+    """``POST`` returns the default context (or a new isolated one); ``GET`` lists them."""
+
+    async def get(self, sandbox_id: str) -> None:
+        self.write_json(await self.manager.call(sandbox_id, "ctx.list"))
+
+    async def post(self, sandbox_id: str) -> None:
+        body = self.json_body()
+        language = field(body, "language", str, "python")
+        if language.lower() not in ("python", "python3", "py"):
+            raise BadRequest(f"unsupported language {language!r}: code contexts run Python")
+        isolated = field(body, "isolated", bool, False)
+        self.write_json(await self.manager.create_context(sandbox_id, isolated), 201)
+
+
+class SessionHandler(ApiHandler):
+    """``DELETE`` shuts an isolated context down; the default context just stays."""
+
+    async def delete(self, sandbox_id: str, context: str) -> None:
+        if context != DEFAULT_CONTEXT:
+            await self.manager.call(sandbox_id, "ctx.shutdown", {"context": context})
+        self.set_status(204)
+        self.finish()
+
+
+class RunHandler(ApiHandler):
+    """``POST``: run code in a context; answer with its results, streams and error."""
+
+    async def post(self, sandbox_id: str, context: str) -> None:
+        body = self.json_body()
+        code = field(body, "code", str)
+        if code is None:
+            raise BadRequest("field 'code' is required")
+        timeout = timeout_field(body, "timeout_seconds", millis="timeout_ms")
+        self.write_json(await self.manager.run_code(sandbox_id, context, code, timeout))

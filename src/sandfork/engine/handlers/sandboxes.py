@@ -1,0 +1,49 @@
+"""``/v1/sandboxes``: create, list, get and delete sandboxes."""
+
+from __future__ import annotations
+
+from sandfork.engine.errors import BadRequest
+from sandfork.engine.handlers.base import ApiHandler, field
+
+
+class SandboxesHandler(ApiHandler):
+    """``GET`` lists sandboxes; ``POST`` creates one."""
+
+    async def get(self) -> None:
+        self.write_json({"items": [r.to_api() for r in self.manager.list()]})
+
+    async def post(self) -> None:
+        body = self.json_body()
+        limits = self.settings["config"]
+        template = field(body, "template", str, limits.default_template)
+        memory_mb = field(body, "memory_mb", int)
+        cpus = field(body, "cpu", int)
+        if memory_mb is not None and not 256 <= memory_mb <= limits.max_memory_mb:
+            raise BadRequest(f"memory_mb must be between 256 and {limits.max_memory_mb}")
+        if cpus is not None and not 1 <= cpus <= limits.max_cpus:
+            raise BadRequest(f"cpu must be between 1 and {limits.max_cpus}")
+        metadata = field(body, "metadata", dict, {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise BadRequest("metadata must map strings to strings")
+        if body.get("from_snapshot") is not None:
+            raise BadRequest("from_snapshot is not supported by this engine yet")
+        record = await self.manager.create(
+            template,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            metadata=metadata,
+            persistent=bool(field(body, "persistent", bool, False)),
+        )
+        self.write_json(record.to_api(), 201)
+
+
+class SandboxHandler(ApiHandler):
+    """``GET`` one sandbox; ``DELETE`` kills it."""
+
+    async def get(self, sandbox_id: str) -> None:
+        self.write_json(self.manager.get(sandbox_id).to_api())
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self.manager.kill(sandbox_id)
+        self.set_status(204)
+        self.finish()

@@ -1,0 +1,34 @@
+"""The Python SDK: ``Sandbox.create``, ``exec``, ``create_code_context().run_code`` and files."""
+
+from sandfork.sdk.client import Client
+from sandfork.sdk.errors import (
+    AuthError,
+    BadRequestError,
+    CommandFailed,
+    ConflictError,
+    NotFoundError,
+    SandboxTimeout,
+    SandforkError,
+    ServerError,
+)
+from sandfork.sdk.models import ExecResult, Execution, ExecutionError, Result
+from sandfork.sdk.sandbox import CodeContext, Filesystem, Sandbox
+
+__all__ = [
+    "AuthError",
+    "BadRequestError",
+    "Client",
+    "CodeContext",
+    "CommandFailed",
+    "ConflictError",
+    "ExecResult",
+    "Execution",
+    "ExecutionError",
+    "Filesystem",
+    "NotFoundError",
+    "Result",
+    "Sandbox",
+    "SandboxTimeout",
+    "SandforkError",
+    "ServerError",
+]

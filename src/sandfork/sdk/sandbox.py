@@ -1,0 +1,266 @@
+"""``Sandbox``: the SDK's handle on one sandbox (PandaStack-compatible surface)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandfork.sdk.client import Client, default_client
+from sandfork.sdk.errors import CommandFailed, NotFoundError, SandboxTimeout, SandforkError
+from sandfork.sdk.models import ExecResult, Execution
+
+
+class CodeContext:
+    """A code context: a real ipykernel inside the sandbox whose state persists across runs."""
+
+    def __init__(self, sandbox: Sandbox, context_id: str, language: str = "python") -> None:
+        self.sandbox = sandbox
+        self.id = context_id
+        self.language = language
+
+    def run_code(self, code: str, timeout_seconds: float | None = None) -> Execution:
+        """Run ``code`` and return its :class:`Execution` (results, streams, error)."""
+        body: dict[str, Any] = {"code": code}
+        if timeout_seconds is not None:
+            body["timeout_seconds"] = timeout_seconds
+        data = self.sandbox.client.request(
+            "POST", f"/sandboxes/{self.sandbox.id}/repl/sessions/{self.id}/run", json=body
+        )
+        return Execution.from_api(data)
+
+    def close(self) -> None:
+        """Shut an isolated context down (the default context stays for the next turn)."""
+        self.sandbox.client.request(
+            "DELETE", f"/sandboxes/{self.sandbox.id}/repl/sessions/{self.id}"
+        )
+
+    def __enter__(self) -> CodeContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Filesystem:
+    """Files inside a sandbox."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/sandboxes/{self._sandbox.id}/fs{suffix}"
+
+    def read(self, path: str) -> bytes:
+        """The bytes of ``path``."""
+        return self._sandbox.client.raw("GET", self._path(), params={"path": path}).content
+
+    def read_text(self, path: str) -> str:
+        """The text of ``path`` (UTF-8)."""
+        return self.read(path).decode()
+
+    def write(self, path: str, content: bytes | str) -> dict[str, Any]:
+        """Write ``content`` to ``path``, creating parent directories."""
+        data = content.encode() if isinstance(content, str) else content
+        return self._sandbox.client.request(
+            "PUT",
+            self._path(),
+            params={"path": path},
+            data=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )  # type: ignore[no-any-return]
+
+    def listdir(self, path: str = "/") -> list[dict[str, Any]]:
+        """The entries of a directory."""
+        return self._sandbox.client.request("GET", self._path("/dir"), params={"path": path})[
+            "entries"
+        ]  # type: ignore[no-any-return]
+
+    def stat(self, path: str) -> dict[str, Any]:
+        """Name, size, mode, mtime and type of ``path``."""
+        return self._sandbox.client.request("GET", self._path("/stat"), params={"path": path})  # type: ignore[no-any-return]
+
+    def exists(self, path: str) -> bool:
+        """True if ``path`` exists."""
+        try:
+            self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def delete(self, path: str, recursive: bool = False) -> None:
+        """Delete a file (or, with ``recursive``, a directory tree)."""
+        self._sandbox.client.request(
+            "DELETE", self._path(), params={"path": path, "recursive": str(recursive).lower()}
+        )
+
+
+@dataclass
+class Sandbox:
+    """A sandbox: a VM with a guest agent and Jupyter kernels inside."""
+
+    id: str
+    template: str
+    status: str
+    cpu: int
+    memory_mb: int
+    accelerator: str = ""
+    created_at: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    persistent: bool = False
+    boot_ms: int | None = None
+    client: Client = field(default_factory=default_client, repr=False, compare=False)
+
+    @classmethod
+    def _from_api(cls, data: dict[str, Any], client: Client) -> Sandbox:
+        return cls(
+            id=data["id"],
+            template=data["template"],
+            status=data["status"],
+            cpu=data["cpu"],
+            memory_mb=data["memory_mb"],
+            accelerator=data.get("accelerator", ""),
+            created_at=data.get("created_at", ""),
+            metadata=data.get("metadata") or {},
+            persistent=bool(data.get("persistent")),
+            boot_ms=data.get("boot_ms"),
+            client=client,
+        )
+
+    @classmethod
+    def create(
+        cls,
+        template: str = "code-interpreter",
+        *,
+        memory_mb: int | None = None,
+        cpu: int | None = None,
+        metadata: dict[str, str] | None = None,
+        persistent: bool = False,
+        client: Client | None = None,
+    ) -> Sandbox:
+        """Create a sandbox from ``template`` (built on first use) and wait until it answers."""
+        client = client or default_client()
+        body: dict[str, Any] = {"template": template, "persistent": persistent}
+        if memory_mb is not None:
+            body["memory_mb"] = memory_mb
+        if cpu is not None:
+            body["cpu"] = cpu
+        if metadata:
+            body["metadata"] = metadata
+        return cls._from_api(client.request("POST", "/sandboxes", json=body), client)
+
+    @classmethod
+    def get(cls, sandbox_id: str, client: Client | None = None) -> Sandbox:
+        """The sandbox with this id."""
+        client = client or default_client()
+        return cls._from_api(client.request("GET", f"/sandboxes/{sandbox_id}"), client)
+
+    @classmethod
+    def list(cls, client: Client | None = None) -> list[Sandbox]:
+        """Every sandbox of the engine."""
+        client = client or default_client()
+        return [cls._from_api(d, client) for d in client.request("GET", "/sandboxes")["items"]]
+
+    def exec(
+        self,
+        cmd: str,
+        timeout_seconds: float | None = None,
+        check: bool = False,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        """Run a shell command and wait for it.
+
+        :raises SandboxTimeout: the command ran past ``timeout_seconds`` and was killed.
+        :raises CommandFailed: ``check`` is set and the command exited non-zero.
+        """
+        data = self.client.request(
+            "POST", f"/sandboxes/{self.id}/exec", json=_exec_body(cmd, timeout_seconds, env, cwd)
+        )
+        result = ExecResult.from_api(data)
+        if check and result.exit_code != 0:
+            raise CommandFailed(
+                f"command exited with code {result.exit_code}: {cmd}",
+                exit_code=result.exit_code,
+                stdout=result.stdout,
+                stderr=result.stderr,
+            )
+        return result
+
+    def exec_stream(
+        self,
+        cmd: str,
+        on_stdout: Callable[[str], None] | None = None,
+        on_stderr: Callable[[str], None] | None = None,
+        timeout_seconds: float | None = None,
+    ) -> int:
+        """Run a command, calling back with output as it arrives; return the exit code."""
+        response = self.client.raw(
+            "POST",
+            f"/sandboxes/{self.id}/exec/stream",
+            json=_exec_body(cmd, timeout_seconds, None, None),
+            stream=True,
+        )
+        event = ""
+        with response:
+            for line in response.iter_lines(decode_unicode=True):
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data = json.loads(line[5:])
+                    if event == "stdout" and on_stdout:
+                        on_stdout(data["chunk"])
+                    elif event == "stderr" and on_stderr:
+                        on_stderr(data["chunk"])
+                    elif event == "exit":
+                        return int(data["exit_code"])
+                    elif event == "error":
+                        error = data["error"]
+                        raise SandboxTimeout(error) if "timeout" in error else SandforkError(error)
+        raise SandforkError("the exec stream ended without an exit code; the outcome is unknown")
+
+    def create_code_context(self, isolated: bool = False) -> CodeContext:
+        """The sandbox's default code context, or (``isolated``) a new kernel of its own."""
+        data = self.client.request(
+            "POST",
+            f"/sandboxes/{self.id}/repl/sessions",
+            json={"language": "python", "isolated": isolated},
+        )
+        return CodeContext(self, data["id"], data.get("language", "python"))
+
+    @property
+    def filesystem(self) -> Filesystem:
+        """Read, write, list and delete files in the sandbox."""
+        return Filesystem(self)
+
+    def refresh(self) -> Sandbox:
+        """Reload status and fields from the engine."""
+        fresh = Sandbox.get(self.id, self.client)
+        self.status, self.metadata = fresh.status, fresh.metadata
+        return self
+
+    def kill(self) -> None:
+        """Stop the sandbox and delete everything it owns."""
+        self.client.request("DELETE", f"/sandboxes/{self.id}")
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.persistent:
+            self.kill()
+
+
+def _exec_body(
+    cmd: str, timeout: float | None, env: dict[str, str] | None, cwd: str | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"cmd": cmd}
+    if timeout is not None:
+        body["timeout_seconds"] = timeout
+    if env:
+        body["env"] = env
+    if cwd:
+        body["cwd"] = cwd
+    return body

@@ -1,0 +1,48 @@
+"""The unmodified ``pandastack`` SDK from PyPI, pointed at the engine, drives a sandbox."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import EngineProcess
+
+pandastack = pytest.importorskip(
+    "pandastack", reason="pandastack is a test dependency (pip install .[test])"
+)
+
+pytestmark = pytest.mark.vm
+
+
+def test_pandastack_sdk_create_exec_run_code_kill(
+    engine: EngineProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PANDASTACK_API", engine.url)
+    monkeypatch.setenv("PANDASTACK_API_KEY", engine.api_key)
+    client = pandastack.Client(timeout=300)
+    pandastack.set_default_client(client)
+    try:
+        sandbox = pandastack.Sandbox.create(template="code-interpreter")
+        assert sandbox.status == "running"
+        result = sandbox.exec("python3 -c 'print(sum(range(10)))'", check=True)
+        assert result.stdout == "45\n" and result.exit_code == 0
+
+        ctx = sandbox.create_code_context()
+        ctx.run_code("import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})")
+        ex = ctx.run_code("print('rows'); int(df.shape[0])")
+        assert ex.text == "1000"
+        assert ex.stdout == "rows\n"
+        png = ctx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()").png
+        assert png is not None and png.startswith("iVBORw0KGgo")
+
+        with pytest.raises(pandastack.SandboxTimeout):
+            sandbox.exec("sleep 60", timeout_seconds=1)
+
+        sandbox.filesystem.write("/tmp/hello.txt", "hi")
+        assert sandbox.filesystem.read("/tmp/hello.txt") == b"hi"
+        assert any(e.name == "hello.txt" for e in sandbox.filesystem.listdir("/tmp"))
+
+        listed = [s.id for s in client.sandboxes.list()]
+        assert sandbox.id in listed
+        sandbox.kill()
+        assert sandbox.id not in [s.id for s in client.sandboxes.list()]
+    finally:
+        pandastack.set_default_client(None)
