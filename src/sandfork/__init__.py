@@ -14,6 +14,7 @@ from sandfork.sdk import (
     Sandbox,
     SandboxTimeout,
     SandforkError,
+    Snapshot,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "Sandbox",
     "SandboxTimeout",
     "SandforkError",
+    "Snapshot",
 ]

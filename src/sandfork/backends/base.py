@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from sandfork.backends.channel import AgentChannel
 from sandfork.templates import BuiltTemplate
@@ -21,12 +21,16 @@ class Instance(Protocol):
     def failure_reason(self) -> str:
         """Why the sandbox stopped, for the person who asks."""
 
+    async def snapshot(self, dest: Path, new_disk: Path) -> float:
+        """Capture the running sandbox into ``dest`` (its disk layer freezes, later writes
+        go to ``new_disk``); return how long it was paused, in seconds."""
+
     async def destroy(self) -> None:
-        """Stop the sandbox and delete everything it owns."""
+        """Stop the sandbox and delete everything it owns but its disk."""
 
 
 class Backend(Protocol):
-    """Creates sandboxes from templates and re-attaches to running ones."""
+    """Creates sandboxes from templates and snapshots, and re-attaches to running ones."""
 
     name: str
 
@@ -34,10 +38,19 @@ class Backend(Protocol):
     def accelerator(self) -> str:
         """How sandboxes are run (for example ``tcg`` or ``kvm``)."""
 
-    async def create(
-        self, template: BuiltTemplate, memory_mb: int, cpus: int, directory: Path
-    ) -> Instance:
-        """Start a sandbox from ``template`` with its files in ``directory``."""
+    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> dict[str, Any]:
+        """The description of a sandbox of ``template``; kept with its snapshots."""
 
-    async def adopt(self, directory: Path, pid: int) -> Instance:
+    def new_disk(self, base: Path, disk: Path) -> None:
+        """Create ``disk`` as a copy-on-write layer over ``base``."""
+
+    async def create(self, spec: dict[str, Any], directory: Path, disk: Path) -> Instance:
+        """Boot a sandbox of ``spec`` on ``disk``, its files in ``directory``."""
+
+    async def restore(
+        self, spec: dict[str, Any], snapshot: Path, directory: Path, disk: Path
+    ) -> Instance:
+        """Start a sandbox resuming the snapshot in ``snapshot`` on ``disk``."""
+
+    async def adopt(self, directory: Path, disk: Path, pid: int) -> Instance:
         """Re-attach to a sandbox an earlier engine process started."""

@@ -16,6 +16,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from sandfork.backends.vm.backend import VmBackend
+from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
 from sandfork.engine.errors import NotFound
@@ -24,14 +25,22 @@ from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler
 from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
 from sandfork.engine.handlers.repl import RunHandler, SessionHandler, SessionsHandler
 from sandfork.engine.handlers.sandboxes import SandboxesHandler, SandboxHandler
+from sandfork.engine.handlers.snapshots import (
+    ForkHandler,
+    ForkTreeHandler,
+    SandboxSnapshotsHandler,
+    SnapshotHandler,
+    SnapshotsHandler,
+)
 from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
 from sandfork.engine.manager import SandboxManager
-from sandfork.paths import state_dir
+from sandfork.paths import cache_dir, state_dir
 
 log = logging.getLogger(__name__)
 
 _SBX = r"(sbx_[0-9a-f]{16})"
 _CTX = r"([A-Za-z0-9_-]{1,64})"
+_SNAP = r"(snap_[0-9a-f]{16})"
 
 
 class NotFoundHandler(ApiHandler):
@@ -57,6 +66,11 @@ def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web
         (rf"/v1/sandboxes/{_SBX}/repl/sessions", SessionsHandler),
         (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}", SessionHandler),
         (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}/run", RunHandler),
+        (rf"/v1/sandboxes/{_SBX}/snapshots", SandboxSnapshotsHandler),
+        (rf"/v1/sandboxes/{_SBX}/fork", ForkHandler),
+        (rf"/v1/sandboxes/{_SBX}/fork-tree", ForkTreeHandler),
+        (r"/v1/snapshots", SnapshotsHandler),
+        (rf"/v1/snapshots/{_SNAP}", SnapshotHandler),
     ]
     return web.Application(
         routes,
@@ -88,10 +102,12 @@ async def serve(config: EngineConfig) -> None:
     api_key = load_or_create_api_key(runtime)
     db = Database(home / "engine.sqlite")
     backend = VmBackend(config.accelerator, config.boot_timeout)
+    captures = BootCaptures(cache_dir() / "boot-snapshots") if config.boot_snapshots else None
     manager = SandboxManager(
         db,
         backend,
-        home / "sandboxes",
+        home,
+        captures,
         max_output=config.max_output_bytes,
         default_timeout=config.default_exec_timeout,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traitlets import Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 
@@ -27,6 +27,11 @@ class EngineConfig(LoggingConfigurable):
     max_output_bytes = Int(
         1024 * 1024,
         help="Per-stream cap on exec and run_code output; the rest is cut with a marker.",
+    ).tag(config=True)
+    boot_snapshots = Bool(
+        True,
+        help="Create sandboxes by restoring a pre-booted snapshot of their template "
+        "(made on first use, cached) instead of booting each one.",
     ).tag(config=True)
     boot_timeout = Float(120.0, help="Seconds a new sandbox may take to answer.").tag(config=True)
     default_exec_timeout = Float(

@@ -28,7 +28,27 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     pid INTEGER,
     boot_ms INTEGER,
     error TEXT,
-    from_snapshot TEXT
+    from_snapshot TEXT,
+    disk TEXT NOT NULL,
+    vm TEXT NOT NULL,
+    boot_mode TEXT NOT NULL DEFAULT 'cold'
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    created_at TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    template TEXT NOT NULL,
+    parent_id TEXT,
+    disk TEXT NOT NULL,
+    vm TEXT NOT NULL,
+    contexts TEXT NOT NULL DEFAULT '[]',
+    size_bytes INTEGER NOT NULL,
+    hidden INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS layers (
+    path TEXT PRIMARY KEY,
+    backing TEXT NOT NULL
 );
 """
 
@@ -52,6 +72,9 @@ class SandboxRecord:
     boot_ms: int | None = None
     error: str | None = None
     from_snapshot: str | None = None
+    disk: str = ""
+    vm: dict[str, Any] = field(default_factory=dict)
+    boot_mode: str = "cold"
 
     def to_api(self) -> dict[str, Any]:
         """The sandbox as the HTTP API shows it (PandaStack's shape plus our fields)."""
@@ -66,7 +89,7 @@ class SandboxRecord:
             "persistent": self.persistent,
             "from_snapshot": self.from_snapshot,
             "boot_ms": self.boot_ms,
-            "boot_mode": "cold",
+            "boot_mode": self.boot_mode,
             "backend": self.backend,
             "accelerator": self.accelerator,
             "error": self.error,
@@ -91,10 +114,14 @@ class Database:
         """Insert or replace a sandbox row."""
         row = asdict(record)
         row["metadata"] = json.dumps(record.metadata)
+        row["vm"] = json.dumps(record.vm)
         row["persistent"] = int(record.persistent)
+        self._replace("sandboxes", row)
+
+    def _replace(self, table: str, row: dict[str, Any]) -> None:
         cols = ", ".join(row)
         marks = ", ".join(f":{c}" for c in row)
-        self._conn.execute(f"INSERT OR REPLACE INTO sandboxes ({cols}) VALUES ({marks})", row)
+        self._conn.execute(f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({marks})", row)
 
     def delete(self, sandbox_id: str) -> None:
         """Forget a sandbox."""
@@ -105,9 +132,79 @@ class Database:
         rows = self._conn.execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
         return [_record(row) for row in rows]
 
+    def put_snapshot(self, snap: SnapshotRecord) -> None:
+        """Insert or replace a snapshot row."""
+        row = asdict(snap)
+        row["vm"] = json.dumps(snap.vm)
+        row["contexts"] = json.dumps(snap.contexts)
+        row["hidden"] = int(snap.hidden)
+        self._replace("snapshots", row)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Forget a snapshot."""
+        self._conn.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+
+    def snapshots(self) -> list[SnapshotRecord]:
+        """Every snapshot, oldest first."""
+        rows = self._conn.execute("SELECT * FROM snapshots ORDER BY created_at").fetchall()
+        return [_snapshot(row) for row in rows]
+
+    def add_layer(self, path: str, backing: str) -> None:
+        """Record a disk layer and the image it is an overlay of."""
+        self._conn.execute("INSERT OR REPLACE INTO layers VALUES (?, ?)", (path, backing))
+
+    def delete_layer(self, path: str) -> None:
+        """Forget a disk layer."""
+        self._conn.execute("DELETE FROM layers WHERE path = ?", (path,))
+
+    def layers(self) -> dict[str, str]:
+        """Every disk layer, mapped to the image it is an overlay of."""
+        return dict(self._conn.execute("SELECT path, backing FROM layers").fetchall())
+
+
+@dataclass
+class SnapshotRecord:
+    """A snapshot: device state + memory image (in its directory) + a frozen disk layer."""
+
+    id: str
+    name: str | None
+    created_at: str
+    sandbox_id: str
+    template: str
+    parent_id: str | None
+    disk: str
+    vm: dict[str, Any]
+    size_bytes: int
+    contexts: list[str] = field(default_factory=list)
+    hidden: bool = False
+
+    def to_api(self) -> dict[str, Any]:
+        """The snapshot as the HTTP API shows it."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "created_at": self.created_at,
+            "sandbox_id": self.sandbox_id,
+            "template": self.template,
+            "parent_id": self.parent_id,
+            "size_bytes": self.size_bytes,
+            "memory_mb": self.vm.get("memory_mb"),
+            "cpu": self.vm.get("cpus"),
+            "contexts": self.contexts,
+        }
+
 
 def _record(row: sqlite3.Row) -> SandboxRecord:
     data = dict(row)
     data["metadata"] = json.loads(data["metadata"] or "{}")
+    data["vm"] = json.loads(data["vm"])
     data["persistent"] = bool(data["persistent"])
     return SandboxRecord(**data)
+
+
+def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
+    data = dict(row)
+    data["vm"] = json.loads(data["vm"])
+    data["contexts"] = json.loads(data["contexts"])
+    data["hidden"] = bool(data["hidden"])
+    return SnapshotRecord(**data)

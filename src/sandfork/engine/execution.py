@@ -128,14 +128,19 @@ class CodeRunner:
                 if run.context == frame.get("context"):
                     run.kernel_died(str(frame.get("reason", "unknown reason")))
 
-    async def run(self, context: str, code: str, timeout: float, max_output: int) -> dict[str, Any]:
-        """Execute ``code`` in ``context`` and return the API result."""
+    async def run(
+        self, context: str, code: str, timeout: float, max_output: int, *, silent: bool = False
+    ) -> dict[str, Any]:
+        """Execute ``code`` in ``context`` and return the API result.
+
+        ``silent`` code leaves no trace in the kernel's history or execution count.
+        """
         msg = self._session.msg(
             "execute_request",
             {
                 "code": code,
-                "silent": False,
-                "store_history": True,
+                "silent": silent,
+                "store_history": not silent,
                 "user_expressions": {},
                 "allow_stdin": False,
                 "stop_on_error": True,

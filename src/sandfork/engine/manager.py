@@ -6,8 +6,10 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import secrets
 import shutil
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,9 +18,11 @@ from typing import Any
 
 from sandfork.backends.base import Backend, Instance
 from sandfork.backends.channel import AgentError, AgentUnavailable
-from sandfork.engine.db import Database, SandboxRecord
+from sandfork.engine.boot_captures import BootCaptures, Capture
+from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, Timeout
 from sandfork.engine.execution import CodeRunner
+from sandfork.engine.snapshots import SnapshotStore, new_snapshot_id
 from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, load_spec
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,29 @@ class Live:
     runner: CodeRunner
 
 
+# Run in a fork's code contexts when asked: forks start with identical RNG states.
+_RESEED = """\
+import os as _os, random as _random, sys as _sys
+_random.seed(_os.urandom(32))
+if "numpy" in _sys.modules:
+    _sys.modules["numpy"].random.seed(int.from_bytes(_os.urandom(4), "little"))
+del _os, _random, _sys
+"""
+
+
+async def _after_resume(instance: Instance) -> None:
+    """A resumed guest still has the clock and entropy of its capture: refresh both."""
+    await instance.agent.request("sys.set_time", {"epoch_ns": time.time_ns()})
+    entropy = base64.b64encode(os.urandom(64)).decode()
+    await instance.agent.request("sys.reseed", {"entropy": entropy})
+
+
+def _stored_bytes(path: Path) -> int:
+    """Bytes a file (or a directory's files) take on disk: holes are free."""
+    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
+    return sum(p.stat().st_blocks * 512 for p in files)
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -63,14 +90,18 @@ class SandboxManager:
         self,
         db: Database,
         backend: Backend,
-        sandboxes_dir: Path,
+        home: Path,
+        boot_captures: BootCaptures | None,
         *,
         max_output: int,
         default_timeout: float,
     ) -> None:
         self.db = db
         self.backend = backend
-        self.sandboxes_dir = sandboxes_dir
+        self.sandboxes_dir = home / "sandboxes"
+        self.snapshots = SnapshotStore(db, home)
+        self.boot_captures = boot_captures
+        self._locks: dict[str, asyncio.Lock] = {}
         self.max_output = max_output
         self.default_timeout = default_timeout
         self._records: dict[str, SandboxRecord] = {r.id: r for r in db.all()}
@@ -88,12 +119,13 @@ class SandboxManager:
                     self._mark_dead(record, "the engine stopped while the sandbox was starting")
                 continue
             try:
-                instance = await self.backend.adopt(Path(record.dir), record.pid)
+                instance = await self.backend.adopt(Path(record.dir), Path(record.disk), record.pid)
             except Exception as e:
                 self._mark_dead(record, f"its VM was gone when the engine restarted ({e})")
                 continue
             self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
             log.info("adopted sandbox %s (pid %s)", record.id, record.pid)
+        self.snapshots.collect(self.list())
         self._watch_task = asyncio.create_task(self._watch())
 
     async def stop(self) -> None:
@@ -140,39 +172,191 @@ class SandboxManager:
         metadata: dict[str, str],
         persistent: bool,
     ) -> SandboxRecord:
-        """Create and boot a sandbox; returns once its agent answers."""
+        """Create a sandbox from a template; returns once its agent answers.
+
+        The template's pre-booted snapshot (booted once, default kernel idle) is restored
+        when it exists, so only the first sandbox of a template pays for a cold boot.
+        """
         built = await self.template(template)
+        memory_mb = memory_mb or built.spec.memory_mb
+        cpus = cpus or built.spec.cpus
+        spec = self.backend.spec(built, memory_mb, cpus)
+        if self.boot_captures is not None:
+            capture = await self.boot_captures.ensure(built, spec, self._boot_and_capture)
+            return await self._start(
+                built.name, capture, metadata=metadata, persistent=persistent, boot_mode="template"
+            )
+        disk = self.snapshots.new_layer(built.rootfs)
+        await asyncio.to_thread(self.backend.new_disk, built.rootfs, disk)
+        return await self._start(
+            built.name, Capture(None, spec, disk), metadata=metadata, persistent=persistent
+        )
+
+    async def create_from_snapshot(
+        self, snapshot_id: str, *, metadata: dict[str, str], persistent: bool
+    ) -> SandboxRecord:
+        """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
+        snap = self.snapshots.get(snapshot_id)
+        capture = Capture(self.snapshots.path(snap.id), snap.vm, Path(snap.disk))
+        record = await self._start(
+            snap.template, capture, metadata=metadata, persistent=persistent, boot_mode="snapshot"
+        )
+        record.from_snapshot = snap.id
+        self.db.put(record)
+        return record
+
+    async def _start(
+        self,
+        template: str,
+        capture: Capture,
+        *,
+        metadata: dict[str, str],
+        persistent: bool,
+        boot_mode: str = "cold",
+    ) -> SandboxRecord:
+        """Start a sandbox: boot ``capture.spec`` or resume ``capture``'s snapshot."""
         sandbox_id = new_sandbox_id()
         directory = self.sandboxes_dir / sandbox_id
+        if capture.dir is None:
+            disk = capture.disk
+        else:
+            disk = self.snapshots.new_layer(capture.disk)
+            await asyncio.to_thread(self.backend.new_disk, capture.disk, disk)
         record = SandboxRecord(
             id=sandbox_id,
-            template=built.name,
+            template=template,
             status="starting",
-            cpus=cpus or built.spec.cpus,
-            memory_mb=memory_mb or built.spec.memory_mb,
+            cpus=capture.spec["cpus"],
+            memory_mb=capture.spec["memory_mb"],
             created_at=_now(),
             backend=self.backend.name,
-            accelerator=self.backend.accelerator,
+            accelerator=capture.spec["accelerator"],
             dir=str(directory),
             metadata=metadata,
             persistent=persistent,
+            disk=str(disk),
+            vm=capture.spec,
+            boot_mode=boot_mode,
         )
         self._records[sandbox_id] = record
         self.db.put(record)
-        started = asyncio.get_running_loop().time()
+        started = time.monotonic()
         try:
-            instance = await self.backend.create(built, record.memory_mb, record.cpus, directory)
+            if capture.dir is None:
+                instance = await self.backend.create(capture.spec, directory, disk)
+            else:
+                instance = await self.backend.restore(capture.spec, capture.dir, directory, disk)
+                await _after_resume(instance)
         except Exception as e:
-            self._records.pop(sandbox_id, None)
-            self.db.delete(sandbox_id)
+            self._forget(sandbox_id)
             shutil.rmtree(directory, ignore_errors=True)
             raise ApiError(f"could not start the sandbox: {e}", 500) from e
         record.status = "running"
         record.pid = instance.pid
-        record.boot_ms = int((asyncio.get_running_loop().time() - started) * 1000)
+        record.boot_ms = int((time.monotonic() - started) * 1000)
         self.db.put(record)
         self._live[sandbox_id] = Live(record, instance, CodeRunner(instance.agent))
         return record
+
+    async def _boot_and_capture(self, spec: dict[str, Any], disk: Path, dest: Path) -> None:
+        """Cold-boot a VM on ``disk``, start its default kernel, and snapshot it into ``dest``."""
+        instance = await self.backend.create(spec, dest / "vm", disk)
+        try:
+            await instance.agent.request("ctx.create", {"isolated": False}, wait=300)
+            await instance.snapshot(dest, dest / "scratch.qcow2")
+        finally:
+            await instance.destroy()
+            (dest / "scratch.qcow2").unlink(missing_ok=True)
+
+    async def snapshot(
+        self, sandbox_id: str, name: str | None = None, *, hidden: bool = False
+    ) -> SnapshotRecord:
+        """Capture a running sandbox (it keeps running) into an immutable snapshot."""
+        live = self.live(sandbox_id)
+        record = live.record
+        async with self._sandbox_lock(sandbox_id):
+            contexts = await self.call(sandbox_id, "ctx.list")
+            snapshot_id = new_snapshot_id()
+            staging = self.snapshots.staging(snapshot_id)
+            frozen = Path(record.disk)
+            new_disk = self.snapshots.new_layer(frozen)
+            try:
+                await live.instance.snapshot(staging, new_disk)
+            except Exception as e:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise ApiError(f"the snapshot failed: {e}", 500) from e
+            record.disk = str(new_disk)
+            self.db.put(record)
+            snap = SnapshotRecord(
+                id=snapshot_id,
+                name=name,
+                created_at=_now(),
+                sandbox_id=sandbox_id,
+                template=record.template,
+                parent_id=record.from_snapshot,
+                disk=str(frozen),
+                vm=record.vm,
+                size_bytes=_stored_bytes(staging) + _stored_bytes(frozen),
+                contexts=[c["id"] for c in contexts.get("contexts", [])],
+                hidden=hidden,
+            )
+            self.snapshots.publish(snap, staging)
+        return snap
+
+    async def fork(
+        self, sandbox_id: str, count: int, *, metadata: dict[str, str], reseed_python: bool
+    ) -> list[SandboxRecord]:
+        """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
+        parent = self.get(sandbox_id)
+        snap = await self.snapshot(sandbox_id, hidden=True)
+        try:
+            children = await asyncio.gather(
+                *(
+                    self.create_from_snapshot(
+                        snap.id,
+                        metadata={**metadata, "fork_parent_id": sandbox_id},
+                        persistent=parent.persistent,
+                    )
+                    for _ in range(count)
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            self.snapshots.delete(snap.id, self.list())
+        failures = [c for c in children if isinstance(c, BaseException)]
+        made = [c for c in children if isinstance(c, SandboxRecord)]
+        if failures:
+            for child in made:
+                await self.kill(child.id)
+            raise ApiError(f"the fork failed: {failures[0]}", 500)
+        for child in made:
+            child.from_snapshot = None
+            child.metadata["fork_parent_id"] = sandbox_id
+            self.db.put(child)
+            if reseed_python:
+                await self.reseed_python(child.id)
+        return made
+
+    async def reseed_python(self, sandbox_id: str) -> None:
+        """Reseed ``random`` (and NumPy's global generator) in every running context."""
+        contexts = await self.call(sandbox_id, "ctx.list")
+        for ctx in contexts.get("contexts", []):
+            if ctx.get("status") == "running":
+                await self.live(sandbox_id).runner.run(
+                    ctx["id"], _RESEED, 60, self.max_output, silent=True
+                )
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot; what other snapshots and sandboxes use stays."""
+        self.snapshots.delete(snapshot_id, self.list())
+
+    def _forget(self, sandbox_id: str) -> None:
+        self._records.pop(sandbox_id, None)
+        self.db.delete(sandbox_id)
+        self.snapshots.collect(self.list())
+
+    def _sandbox_lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         """The record of a sandbox, alive or dead."""
@@ -204,8 +388,7 @@ class SandboxManager:
             await live.instance.destroy()
         else:
             await asyncio.to_thread(shutil.rmtree, record.dir, True)
-        self._records.pop(sandbox_id, None)
-        self.db.delete(sandbox_id)
+        self._forget(sandbox_id)
 
     async def kill_all(self) -> None:
         """Kill every sandbox (used by tests and ``sandfork sandbox kill --all``)."""

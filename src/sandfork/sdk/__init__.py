@@ -13,6 +13,7 @@ from sandfork.sdk.errors import (
 )
 from sandfork.sdk.models import ExecResult, Execution, ExecutionError, Result
 from sandfork.sdk.sandbox import CodeContext, Filesystem, Sandbox
+from sandfork.sdk.snapshots import Snapshot
 
 __all__ = [
     "AuthError",
@@ -31,4 +32,5 @@ __all__ = [
     "SandboxTimeout",
     "SandforkError",
     "ServerError",
+    "Snapshot",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -137,11 +138,18 @@ class Sandbox:
         cpu: int | None = None,
         metadata: dict[str, str] | None = None,
         persistent: bool = False,
+        from_snapshot: str | None = None,
         client: Client | None = None,
     ) -> Sandbox:
-        """Create a sandbox from ``template`` (built on first use) and wait until it answers."""
+        """Create a sandbox from ``template`` (built on first use) and wait until it answers.
+
+        With ``from_snapshot``, the sandbox resumes that snapshot instead: its code
+        contexts, their variables and imports, its files and installed packages.
+        """
         client = client or default_client()
         body: dict[str, Any] = {"template": template, "persistent": persistent}
+        if from_snapshot is not None:
+            body["from_snapshot"] = from_snapshot
         if memory_mb is not None:
             body["memory_mb"] = memory_mb
         if cpu is not None:
@@ -234,6 +242,34 @@ class Sandbox:
     def filesystem(self) -> Filesystem:
         """Read, write, list and delete files in the sandbox."""
         return Filesystem(self)
+
+    def snapshot(self, name: str | None = None) -> str:
+        """Freeze kernels, memory and disk into an immutable snapshot; return its id.
+
+        The sandbox keeps running.
+        """
+        body = {"name": name} if name is not None else {}
+        data = self.client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body)
+        return str(data["id"])
+
+    def fork(
+        self, *, reseed_python: bool = False, metadata: dict[str, str] | None = None
+    ) -> Sandbox:
+        """A copy of this running sandbox that then diverges; this one runs on.
+
+        ``reseed_python`` reseeds ``random`` and NumPy's global generator in the copy.
+        """
+        body = {"reseed_python": reseed_python, "metadata": metadata or {}}
+        data = self.client.request("POST", f"/sandboxes/{self.id}/fork", json=body)
+        return Sandbox._from_api(data["sandbox"], self.client)
+
+    def fork_tree(
+        self, count: int, *, reseed_python: bool = False, metadata: dict[str, str] | None = None
+    ) -> builtins.list[Sandbox]:
+        """``count`` (1-16) copies of this sandbox from one capture."""
+        body = {"count": count, "reseed_python": reseed_python, "metadata": metadata or {}}
+        data = self.client.request("POST", f"/sandboxes/{self.id}/fork-tree", json=body)
+        return [Sandbox._from_api(c, self.client) for c in data["children"]]
 
     def refresh(self) -> Sandbox:
         """Reload status and fields from the engine."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sandfork.backends.vm.accel import Accelerator, detect_accelerator
 from sandfork.backends.vm.machine import Machine
-from sandfork.backends.vm.qemu import VmSpec
+from sandfork.backends.vm.qemu import VmLayout, VmSpec, create_overlay
 from sandfork.templates import BuiltTemplate
 
 
@@ -23,18 +24,33 @@ class VmBackend:
     def accelerator(self) -> str:
         return self.accel.name
 
-    async def create(
-        self, template: BuiltTemplate, memory_mb: int, cpus: int, directory: Path
-    ) -> Machine:
-        spec = VmSpec(
+    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> dict[str, Any]:
+        """The VM description of a sandbox of ``template`` with these resources."""
+        return VmSpec(
             kernel=template.kernel,
             initrd=template.initrd,
             cmdline=template.cmdline,
             memory_mb=memory_mb,
             cpus=cpus,
             accel=self.accel,
-        )
-        return await Machine.launch(spec, template.rootfs, directory, self.boot_timeout)
+        ).to_dict()
 
-    async def adopt(self, directory: Path, pid: int) -> Machine:
-        return await Machine.adopt(directory, pid)
+    def new_disk(self, base: Path, disk: Path) -> None:
+        """Create ``disk`` as a copy-on-write overlay of ``base``."""
+        create_overlay(base, disk)
+
+    async def create(self, spec: dict[str, Any], directory: Path, disk: Path) -> Machine:
+        """Boot a new VM of ``spec`` on ``disk``."""
+        layout = VmLayout(directory, disk)
+        return await Machine.launch(VmSpec.from_dict(spec), layout, self.boot_timeout)
+
+    async def restore(
+        self, spec: dict[str, Any], snapshot: Path, directory: Path, disk: Path
+    ) -> Machine:
+        """Start a VM that resumes the snapshot in ``snapshot`` on ``disk``."""
+        layout = VmLayout(directory, disk)
+        return await Machine.launch(VmSpec.from_dict(spec), layout, self.boot_timeout, snapshot)
+
+    async def adopt(self, directory: Path, disk: Path, pid: int) -> Machine:
+        """Re-attach to a VM an earlier engine process started."""
+        return await Machine.adopt(VmLayout(directory, disk), pid)

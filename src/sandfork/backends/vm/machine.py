@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from qemu.qmp import QMPClient
+from qemu.qmp import ConnectError, QMPClient
 
 from sandfork.backends.channel import AgentChannel
-from sandfork.backends.vm.qemu import VmLayout, VmSpec, command_line, create_overlay
+from sandfork.backends.vm.qemu import VmLayout, VmSpec, command_line
+
+MEMORY_FILE = "memory.img"
+DEVICES_FILE = "devices.state"
 
 
 class VmError(Exception):
@@ -37,23 +42,33 @@ class Machine:
 
     @classmethod
     async def launch(
-        cls, spec: VmSpec, base_image: Path, directory: Path, boot_timeout: float
+        cls, spec: VmSpec, layout: VmLayout, boot_timeout: float, snapshot: Path | None = None
     ) -> Machine:
-        """Boot a new VM over a fresh overlay of ``base_image`` and wait for its agent."""
-        layout = VmLayout(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(create_overlay, base_image, layout.overlay)
+        """Start a VM on ``layout.disk`` and wait for its agent.
+
+        Without ``snapshot`` the guest boots; with it, the VM resumes the snapshot's memory
+        image and device state (written by :meth:`snapshot`), which must come from a VM of
+        the same ``spec``.
+        """
+        layout.dir.mkdir(parents=True, exist_ok=True)
+        layout.ram_file.parent.mkdir(parents=True, exist_ok=True)
+        command = command_line(spec, layout)
+        if snapshot is not None:
+            await asyncio.to_thread(copy_sparse, snapshot / MEMORY_FILE, layout.ram_file)
+            command += ["-incoming", "defer"]
         with layout.qemu_log.open("wb") as log:
             process = subprocess.Popen(
-                command_line(spec, layout),
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                cwd=directory,
+                cwd=layout.dir,
             )
         machine = cls(layout, process.pid, process)
         try:
+            if snapshot is not None:
+                await machine._load_state(snapshot / DEVICES_FILE, boot_timeout)
             await machine.agent.connect(timeout=boot_timeout, alive=machine.is_alive)
         except Exception as e:
             reason = machine.failure_reason() or str(e)
@@ -62,11 +77,17 @@ class Machine:
         return machine
 
     @classmethod
-    async def adopt(cls, directory: Path, pid: int, timeout: float = 10.0) -> Machine:
-        """Re-attach to a VM started by an earlier engine process."""
-        machine = cls(VmLayout(directory), pid, None)
+    async def adopt(cls, layout: VmLayout, pid: int, timeout: float = 10.0) -> Machine:
+        """Re-attach to a VM started by an earlier engine process.
+
+        A VM left paused by an engine that died in the middle of a snapshot is resumed.
+        """
+        machine = cls(layout, pid, None)
         if not machine.is_alive():
             raise VmError("its QEMU process is gone")
+        status = await machine.qmp("query-status")
+        if not status.get("running"):
+            await machine.qmp("cont")
         await machine.agent.connect(timeout=timeout, alive=machine.is_alive)
         return machine
 
@@ -100,20 +121,71 @@ class Machine:
 
     async def qmp(self, command: str, **arguments: Any) -> Any:
         """Run one QMP command on this VM."""
-        client = QMPClient("sandfork")
-        await client.connect(str(self.layout.qmp_socket))
-        try:
+        async with self._qmp() as client:
             return await client.execute(command, arguments or None)
+
+    @contextlib.asynccontextmanager
+    async def _qmp(self, wait: float = 10.0) -> AsyncIterator[QMPClient]:
+        client = QMPClient("sandfork")
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                await client.connect(str(self.layout.qmp_socket))
+                break
+            except (OSError, ConnectError):
+                if time.monotonic() > deadline or not self.is_alive():
+                    raise
+                await asyncio.sleep(0.01)
+        try:
+            yield client
         finally:
             await client.disconnect()
 
+    async def _load_state(self, devices: Path, timeout: float) -> None:
+        async with self._qmp(timeout) as qmp:
+            await qmp.execute(
+                "migrate-set-capabilities",
+                {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
+            )
+            await qmp.execute("migrate-incoming", {"uri": f"exec:cat {shlex.quote(str(devices))}"})
+            await _wait_migration(qmp, timeout)
+            await qmp.execute("cont")
+
+    async def snapshot(self, dest: Path, new_disk: Path) -> float:
+        """Capture memory, devices and disk at one instant into ``dest``; return the pause (s).
+
+        The VM is paused while its disk layer is frozen (new writes go to ``new_disk``), its
+        device state is saved (RAM is skipped: ``x-ignore-shared``) and its RAM file is
+        copied; then it runs on. The frozen layer stays where it was, now read-only.
+        """
+        async with self._qmp() as qmp:
+            await qmp.execute("stop")
+            paused = time.monotonic()
+            try:
+                await qmp.execute(
+                    "blockdev-snapshot-sync",
+                    {"device": "root", "snapshot-file": str(new_disk), "format": "qcow2"},
+                )
+                await qmp.execute(
+                    "migrate-set-capabilities",
+                    {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
+                )
+                target = shlex.quote(str(dest / DEVICES_FILE))
+                await qmp.execute("migrate", {"uri": f"exec:cat > {target}"})
+                await _wait_migration(qmp, 60)
+                await asyncio.to_thread(copy_sparse, self.layout.ram_file, dest / MEMORY_FILE)
+            finally:
+                await qmp.execute("cont")
+            return time.monotonic() - paused
+
     async def destroy(self) -> None:
-        """Stop the VM and delete its directory (overlay, sockets, logs)."""
+        """Stop the VM and delete its directory (sockets, logs) and RAM file."""
         await self.agent.close()
         if self.is_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         await asyncio.to_thread(self._reap)
+        self.layout.ram_file.unlink(missing_ok=True)
         await asyncio.to_thread(shutil.rmtree, self.layout.dir, True)
 
     def _reap(self) -> None:
@@ -123,3 +195,27 @@ class Machine:
         deadline = time.monotonic() + 5
         while self.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+async def _wait_migration(qmp: QMPClient, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await qmp.execute("query-migrate")
+        assert isinstance(info, dict)
+        status = info.get("status")
+        if status == "completed":
+            return
+        if status in ("failed", "cancelled"):
+            raise VmError(
+                f"saving or loading the VM state failed: {info.get('error-desc', status)}"
+            )
+        if time.monotonic() > deadline:
+            raise VmError(f"saving or loading the VM state took over {timeout:.0f} s")
+        await asyncio.sleep(0.005)
+
+
+def copy_sparse(source: Path, dest: Path) -> None:
+    """Copy a file, leaving holes where ``source`` has holes (untouched guest RAM)."""
+    subprocess.run(
+        ["cp", "--sparse=always", str(source), str(dest)], check=True, capture_output=True
+    )

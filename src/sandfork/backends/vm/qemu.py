@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sandfork.backends.vm.accel import Accelerator
 
@@ -14,15 +17,22 @@ from sandfork.backends.vm.accel import Accelerator
 _QBOOT = Path("/usr/share/qemu/qboot.rom")
 
 
+def ram_dir() -> Path:
+    """Where guest RAM files live: shared memory, so guest RAM never waits on a disk."""
+    return Path(os.environ.get("SANDFORK_RAM_DIR", "/dev/shm/sandfork"))
+
+
 @dataclass(frozen=True)
 class VmLayout:
-    """The files of one VM inside its sandbox directory."""
+    """The files of one VM: its directory (sockets, logs), its disk and its RAM file."""
 
     dir: Path
+    disk: Path
 
     @property
-    def overlay(self) -> Path:
-        return self.dir / "overlay.qcow2"
+    def ram_file(self) -> Path:
+        """Guest RAM, a shared file mapping: a snapshot copies it while the VM is paused."""
+        return ram_dir() / f"{self.dir.name}.ram"
 
     @property
     def qmp_socket(self) -> Path:
@@ -52,6 +62,40 @@ class VmSpec:
     cpus: int
     accel: Accelerator
 
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-able data, kept with sandboxes and snapshots."""
+        return {
+            "kernel": str(self.kernel),
+            "initrd": str(self.initrd),
+            "cmdline": self.cmdline,
+            "memory_mb": self.memory_mb,
+            "cpus": self.cpus,
+            "accelerator": self.accel.name,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VmSpec:
+        """The spec :meth:`to_dict` described."""
+        return cls(
+            kernel=Path(data["kernel"]),
+            initrd=Path(data["initrd"]),
+            cmdline=data["cmdline"],
+            memory_mb=int(data["memory_mb"]),
+            cpus=int(data["cpus"]),
+            accel=Accelerator(data["accelerator"], "as recorded with the sandbox or snapshot"),
+        )
+
+
+# Bump when command_line() changes the VM's devices: saved VM states depend on them.
+MACHINE_REVISION = 1
+
+
+@functools.cache
+def qemu_version() -> str:
+    """The installed QEMU's version line (saved VM states only load into the same build)."""
+    result = subprocess.run([qemu_binary(), "--version"], capture_output=True, text=True)
+    return result.stdout.splitlines()[0] if result.stdout else "unknown"
+
 
 def qemu_binary() -> str:
     """Path of ``qemu-system-x86_64``, or a clear error when QEMU is not installed."""
@@ -65,7 +109,7 @@ def qemu_binary() -> str:
 
 
 def create_overlay(base: Path, overlay: Path) -> None:
-    """Make a copy-on-write qcow2 overlay of ``base`` for one sandbox."""
+    """Make a copy-on-write qcow2 overlay of ``base``."""
     subprocess.run(
         ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(base), str(overlay)],
         check=True,
@@ -79,17 +123,19 @@ def command_line(spec: VmSpec, layout: VmLayout) -> list[str]:
     return [
         qemu_binary(),
         "-name", "sandfork,debug-threads=on",
-        "-M", "q35",
+        "-M", "q35,memory-backend=ram0",
         *firmware,
         *spec.accel.qemu_args(),
         "-smp", str(spec.cpus),
         "-m", f"{spec.memory_mb}M",
+        "-object",
+        f"memory-backend-file,id=ram0,size={spec.memory_mb}M,mem-path={layout.ram_file},share=on",
         "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
         "-serial", f"file:{layout.console_log}",
         "-kernel", str(spec.kernel),
         "-initrd", str(spec.initrd),
         "-append", spec.cmdline,
-        "-drive", f"id=root,file={layout.overlay},if=none,format=qcow2,discard=unmap",
+        "-drive", f"id=root,file={layout.disk},if=none,format=qcow2,discard=unmap",
         "-device", "virtio-blk-pci,drive=root",
         "-device", "virtio-serial-pci",
         "-chardev", f"socket,id=agent,path={layout.agent_socket},server=on,wait=off",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sandfork.engine.errors import BadRequest
 from sandfork.engine.handlers.base import ApiHandler, field
+from sandfork.engine.handlers.snapshots import metadata_field
 
 
 class SandboxesHandler(ApiHandler):
@@ -22,17 +23,21 @@ class SandboxesHandler(ApiHandler):
             raise BadRequest(f"memory_mb must be between 256 and {limits.max_memory_mb}")
         if cpus is not None and not 1 <= cpus <= limits.max_cpus:
             raise BadRequest(f"cpu must be between 1 and {limits.max_cpus}")
-        metadata = field(body, "metadata", dict, {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-            raise BadRequest("metadata must map strings to strings")
-        if body.get("from_snapshot") is not None:
-            raise BadRequest("from_snapshot is not supported by this engine yet")
+        metadata = metadata_field(body)
+        persistent = bool(field(body, "persistent", bool, False))
+        from_snapshot = field(body, "from_snapshot", str)
+        if from_snapshot is not None:
+            record = await self.manager.create_from_snapshot(
+                from_snapshot, metadata=metadata, persistent=persistent
+            )
+            self.write_json(record.to_api(), 201)
+            return
         record = await self.manager.create(
             template,
             memory_mb=memory_mb,
             cpus=cpus,
             metadata=metadata,
-            persistent=bool(field(body, "persistent", bool, False)),
+            persistent=persistent,
         )
         self.write_json(record.to_api(), 201)
 

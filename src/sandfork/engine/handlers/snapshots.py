@@ -1,0 +1,96 @@
+"""Snapshots and forks: ``/v1/sandboxes/{id}/snapshots|fork|fork-tree`` and ``/v1/snapshots``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandfork.engine.errors import BadRequest
+from sandfork.engine.handlers.base import ApiHandler, field
+from sandfork.engine.snapshots import check_name
+
+MAX_FORKS = 16
+
+
+def metadata_field(body: dict[str, Any]) -> dict[str, str]:
+    """The optional ``metadata`` object: strings to strings."""
+    metadata: dict[str, Any] = field(body, "metadata", dict, {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise BadRequest("metadata must map strings to strings")
+    return metadata
+
+
+def name_field(body: dict[str, Any]) -> str | None:
+    """The optional snapshot ``name``."""
+    name: str | None = field(body, "name", str)
+    return None if name is None else check_name(name)
+
+
+class SandboxSnapshotsHandler(ApiHandler):
+    """``POST`` snapshots a running sandbox (it keeps running); ``GET`` lists its snapshots."""
+
+    async def post(self, sandbox_id: str) -> None:
+        snap = await self.manager.snapshot(sandbox_id, name_field(self.json_body()))
+        self.write_json(snap.to_api(), 201)
+
+    async def get(self, sandbox_id: str) -> None:
+        self.manager.get(sandbox_id)
+        snaps = self.manager.snapshots.visible(sandbox_id)
+        self.write_json({"snapshots": [s.to_api() for s in snaps]})
+
+
+class ForkHandler(ApiHandler):
+    """``POST`` clones a running sandbox; the parent keeps running."""
+
+    async def post(self, sandbox_id: str) -> None:
+        body = self.json_body()
+        children = await self.manager.fork(
+            sandbox_id,
+            1,
+            metadata=metadata_field(body),
+            reseed_python=field(body, "reseed_python", bool, False),
+        )
+        self.write_json({"sandbox": children[0].to_api()}, 201)
+
+
+class ForkTreeHandler(ApiHandler):
+    """``POST {"count": n}`` makes ``n`` (1-16) children from one capture."""
+
+    async def post(self, sandbox_id: str) -> None:
+        body = self.json_body()
+        count = field(body, "count", int)
+        if count is None or not 1 <= count <= MAX_FORKS:
+            raise BadRequest(f"count must be an integer from 1 to {MAX_FORKS}")
+        children = await self.manager.fork(
+            sandbox_id,
+            count,
+            metadata=metadata_field(body),
+            reseed_python=field(body, "reseed_python", bool, False),
+        )
+        self.write_json({"children": [c.to_api() for c in children]}, 201)
+
+
+class SnapshotsHandler(ApiHandler):
+    """``GET`` lists snapshots, newest first (``?sandbox_id=`` filters)."""
+
+    async def get(self) -> None:
+        sandbox_id = self.get_query_argument("sandbox_id", None)
+        snaps = self.manager.snapshots.visible(sandbox_id)
+        self.write_json({"snapshots": [s.to_api() for s in snaps]})
+
+
+class SnapshotHandler(ApiHandler):
+    """``GET`` one snapshot, ``PATCH {"name"}`` renames it, ``DELETE`` deletes it."""
+
+    async def get(self, snapshot_id: str) -> None:
+        self.write_json(self.manager.snapshots.get(snapshot_id).to_api())
+
+    async def patch(self, snapshot_id: str) -> None:
+        name = name_field(self.json_body())
+        if name is None:
+            raise BadRequest("field 'name' is required")
+        self.write_json(self.manager.snapshots.rename(snapshot_id, name).to_api())
+
+    async def delete(self, snapshot_id: str) -> None:
+        self.manager.delete_snapshot(snapshot_id)
+        self.set_status(204)
+        self.finish()

@@ -1,0 +1,119 @@
+"""Snapshot records, their directories and the disk layers they share.
+
+A snapshot is a directory ``snapshots/<id>/`` holding ``devices.state`` (QEMU's device state,
+RAM excluded) and ``memory.img`` (the guest RAM image, sparse, mappable), plus a frozen qcow2
+disk layer in ``layers/``. Layers form chains (each is an overlay of the one below, down to a
+template's root image); a layer is kept while a snapshot or a sandbox's active disk has it in
+its chain, and collected once nothing does. Directories are written under a temporary name
+and renamed into place before the database row is added, so a crash never lists a snapshot
+that cannot be restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import shutil
+from pathlib import Path
+
+from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
+from sandfork.engine.errors import BadRequest, NotFound
+
+log = logging.getLogger(__name__)
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a valid snapshot name, else a 400."""
+    if not name or len(name) > 200 or any(ord(c) < 32 for c in name):
+        raise BadRequest("a snapshot name must be 1-200 printable characters")
+    return name
+
+
+def new_snapshot_id() -> str:
+    """A fresh, unguessable snapshot id."""
+    return "snap_" + secrets.token_hex(8)
+
+
+class SnapshotStore:
+    """The snapshots and disk layers of one engine."""
+
+    def __init__(self, db: Database, root: Path) -> None:
+        self.db = db
+        self.dir = root / "snapshots"
+        self.layers_dir = root / "layers"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.layers_dir.mkdir(parents=True, exist_ok=True)
+        self._records = {s.id: s for s in db.snapshots()}
+
+    def new_layer(self, backing: Path) -> Path:
+        """Register a new disk layer over ``backing``; the caller creates the file."""
+        path = self.layers_dir / f"{secrets.token_hex(8)}.qcow2"
+        self.db.add_layer(str(path), str(backing))
+        return path
+
+    def staging(self, snapshot_id: str) -> Path:
+        """A fresh directory to write a snapshot into before it is published."""
+        path = self.dir / f".tmp-{snapshot_id}"
+        path.mkdir()
+        return path
+
+    def publish(self, record: SnapshotRecord, staging: Path) -> None:
+        """Move a complete snapshot into place and list it."""
+        staging.rename(self.path(record.id))
+        self.db.put_snapshot(record)
+        self._records[record.id] = record
+
+    def path(self, snapshot_id: str) -> Path:
+        """The directory of a snapshot."""
+        return self.dir / snapshot_id
+
+    def get(self, snapshot_id: str) -> SnapshotRecord:
+        """A snapshot, or 404."""
+        record = self._records.get(snapshot_id)
+        if record is None:
+            raise NotFound(f"no snapshot {snapshot_id!r}")
+        return record
+
+    def visible(self, sandbox_id: str | None = None) -> list[SnapshotRecord]:
+        """Visible snapshots, newest first, optionally only those of one sandbox."""
+        found = [
+            s
+            for s in self._records.values()
+            if not s.hidden and (sandbox_id is None or s.sandbox_id == sandbox_id)
+        ]
+        return sorted(found, key=lambda s: s.created_at, reverse=True)
+
+    def rename(self, snapshot_id: str, name: str) -> SnapshotRecord:
+        """Give a snapshot a new name."""
+        check_name(name)
+        record = self.get(snapshot_id)
+        record.name = name
+        self.db.put_snapshot(record)
+        return record
+
+    def delete(self, snapshot_id: str, sandboxes: list[SandboxRecord]) -> None:
+        """Delete a snapshot; layers still used by others stay."""
+        self.get(snapshot_id)
+        self.db.delete_snapshot(snapshot_id)
+        del self._records[snapshot_id]
+        shutil.rmtree(self.path(snapshot_id), ignore_errors=True)
+        self.collect(sandboxes)
+
+    def collect(self, sandboxes: list[SandboxRecord]) -> None:
+        """Delete leftovers of interrupted snapshots and every layer nothing uses."""
+        for entry in self.dir.iterdir():
+            if entry.name.startswith(".tmp-") or entry.name not in self._records:
+                log.info("removing incomplete snapshot directory %s", entry)
+                shutil.rmtree(entry, ignore_errors=True)
+        layers = self.db.layers()
+        keep: set[str] = set()
+        roots = [s.disk for s in self._records.values()] + [s.disk for s in sandboxes]
+        for path in roots:
+            while path in layers and path not in keep:
+                keep.add(path)
+                path = layers[path]
+        for path in set(layers) - keep:
+            with contextlib.suppress(FileNotFoundError):
+                Path(path).unlink()
+            self.db.delete_layer(path)

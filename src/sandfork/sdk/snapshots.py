@@ -1,0 +1,60 @@
+"""``Snapshot``: list, inspect, rename and delete snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandfork.sdk.client import Client, default_client
+
+
+@dataclass
+class Snapshot:
+    """An immutable capture of a sandbox; restore it with ``Sandbox.create(from_snapshot=id)``."""
+
+    id: str
+    name: str | None
+    created_at: str
+    sandbox_id: str
+    template: str
+    parent_id: str | None
+    size_bytes: int
+    contexts: list[str]
+    client: Client = field(default_factory=default_client, repr=False, compare=False)
+
+    @classmethod
+    def _from_api(cls, data: dict[str, Any], client: Client) -> Snapshot:
+        return cls(
+            id=data["id"],
+            name=data.get("name"),
+            created_at=data["created_at"],
+            sandbox_id=data["sandbox_id"],
+            template=data["template"],
+            parent_id=data.get("parent_id"),
+            size_bytes=int(data["size_bytes"]),
+            contexts=list(data.get("contexts", [])),
+            client=client,
+        )
+
+    @classmethod
+    def list(cls, sandbox_id: str | None = None, client: Client | None = None) -> list[Snapshot]:
+        """Snapshots, newest first; only those of ``sandbox_id`` if given."""
+        client = client or default_client()
+        params = {"sandbox_id": sandbox_id} if sandbox_id else None
+        data = client.request("GET", "/snapshots", params=params)
+        return [cls._from_api(s, client) for s in data["snapshots"]]
+
+    @classmethod
+    def get(cls, snapshot_id: str, client: Client | None = None) -> Snapshot:
+        """The snapshot with this id."""
+        client = client or default_client()
+        return cls._from_api(client.request("GET", f"/snapshots/{snapshot_id}"), client)
+
+    def rename(self, name: str) -> None:
+        """Give the snapshot a new name."""
+        self.client.request("PATCH", f"/snapshots/{self.id}", json={"name": name})
+        self.name = name
+
+    def delete(self) -> None:
+        """Delete the snapshot; sandboxes and snapshots made from it keep working."""
+        self.client.request("DELETE", f"/snapshots/{self.id}")
