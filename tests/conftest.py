@@ -117,6 +117,17 @@ def engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator
 
 
 @pytest.fixture
+def own_engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator[EngineProcess]:
+    """An engine of one test alone, so restarting or killing it disturbs no other test."""
+    proc = EngineProcess(tmp_path_factory.mktemp("sandfork-own"))
+    proc.start()
+    yield proc
+    proc.stop(signal.SIGKILL)
+    for pid in proc.qemu_pids():
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
 def client(engine: EngineProcess) -> Client:
     """An SDK client of the session's engine."""
     return engine.client()

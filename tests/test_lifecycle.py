@@ -170,10 +170,12 @@ def test_kill_leaves_nothing_behind(engine: EngineProcess) -> None:
     client: Client = engine.client()
     sb = Sandbox.create(client=client)
     directory = Path(engine.home) / "sandboxes" / sb.id
-    assert (directory / "overlay.qcow2").exists()
+    disk = Path(client.request("GET", f"/sandboxes/{sb.id}")["disk"])
+    ram = Path("/dev/shm/sandfork") / f"{sb.id}.ram"
+    assert directory.is_dir() and disk.exists() and ram.exists()
     pids_before = set(engine.qemu_pids())
     sb.kill()
-    assert not directory.exists()
+    assert not directory.exists() and not disk.exists() and not ram.exists()
     time.sleep(0.2)
     assert len(set(engine.qemu_pids()) - pids_before) == 0
     assert len(engine.qemu_pids()) == len(pids_before) - 1

@@ -46,3 +46,40 @@ def test_pandastack_sdk_create_exec_run_code_kill(
         assert sandbox.id not in [s.id for s in client.sandboxes.list()]
     finally:
         pandastack.set_default_client(None)
+
+
+def test_pandastack_sdk_snapshot_restore_fork(
+    engine: EngineProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PANDASTACK_API", engine.url)
+    monkeypatch.setenv("PANDASTACK_API_KEY", engine.api_key)
+    client = pandastack.Client(timeout=300)
+    pandastack.set_default_client(client)
+    made = []
+    try:
+        sandbox = pandastack.Sandbox.create(template="code-interpreter")
+        made.append(sandbox)
+        sandbox.create_code_context().run_code("state = 'turn1'")
+        snapshot_id = sandbox.snapshot()
+        assert isinstance(snapshot_id, str) and snapshot_id.startswith("snap_")
+        assert snapshot_id in [s["id"] for s in client.snapshots.list()]
+
+        restored = pandastack.Sandbox.create(template="code-interpreter", from_snapshot=snapshot_id)
+        made.append(restored)
+        assert restored.create_code_context().run_code("state").text == "'turn1'"
+
+        branch = sandbox.fork()
+        made.append(branch)
+        assert branch.id != sandbox.id
+        assert branch.create_code_context().run_code("state").text == "'turn1'"
+
+        children = sandbox.fork_tree(count=3)
+        made.extend(children)
+        assert len(children) == 3
+        for child in children:
+            assert child.create_code_context().run_code("state").text == "'turn1'"
+        client.snapshots.delete(snapshot_id)
+    finally:
+        for sb in made:
+            sb.kill()
+        pandastack.set_default_client(None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 import requests
@@ -14,17 +13,6 @@ from conftest import EngineProcess
 from sandfork.sdk import ConflictError, Sandbox
 
 pytestmark = pytest.mark.vm
-
-
-@pytest.fixture
-def own_engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator[EngineProcess]:
-    """An engine of this test alone, so restarting it disturbs no other test."""
-    proc = EngineProcess(tmp_path_factory.mktemp("sandfork-restart"))
-    proc.start()
-    yield proc
-    proc.stop()
-    for pid in proc.qemu_pids():
-        os.kill(pid, signal.SIGKILL)
 
 
 def test_guest_out_of_memory_is_contained(engine: EngineProcess) -> None:

@@ -93,6 +93,7 @@ class SandboxRecord:
             "backend": self.backend,
             "accelerator": self.accelerator,
             "error": self.error,
+            "disk": self.disk,
         }
 
 

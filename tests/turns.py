@@ -1,0 +1,56 @@
+"""The two turns of the snapshot product document, each run as its own process.
+
+    python turns.py turn1   -> prints the snapshot id
+    python turns.py turn2 ID -> prints what turn 2 finds, as JSON
+
+Both find the engine through SANDFORK_API / SANDFORK_API_KEY.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from sandfork import Sandbox
+
+
+def turn1() -> None:
+    sandbox = Sandbox.create(template="code-interpreter")
+    sandbox.exec("pip install --quiet tabulate==0.9.0", check=True, timeout_seconds=300)
+    ctx = sandbox.create_code_context()
+    setup = ctx.run_code(
+        "import numpy as np, pandas as pd\n"
+        "df = pd.DataFrame({'units': np.arange(100_000) % 7, 'price': np.arange(100_000) * 0.5})\n"
+        "SUMMARY = df.describe()\n"
+    )
+    assert setup.error is None, setup.error
+    snapshot_id = sandbox.snapshot()
+    sandbox.kill()
+    print(snapshot_id)
+
+
+def turn2(snapshot_id: str) -> None:
+    sandbox = Sandbox.create(template="code-interpreter", from_snapshot=snapshot_id)
+    ctx = sandbox.create_code_context()
+    ex = ctx.run_code("print(SUMMARY.loc['mean', 'price']); int(df.shape[0])")
+    imported = ctx.run_code("import tabulate; tabulate.__version__")
+    cli = sandbox.exec("python3 -c 'import tabulate; print(tabulate.__version__)'")
+    sandbox.kill()
+    print(
+        json.dumps(
+            {
+                "rows": ex.text,
+                "stdout": ex.stdout,
+                "error": str(ex.error) if ex.error else None,
+                "kernel_tabulate": imported.text,
+                "exec_tabulate": cli.stdout.strip(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "turn1":
+        turn1()
+    else:
+        turn2(sys.argv[2])
