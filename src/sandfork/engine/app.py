@@ -26,8 +26,11 @@ from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
 from sandfork.engine.handlers.repl import RunHandler, SessionHandler, SessionsHandler
 from sandfork.engine.handlers.sandboxes import SandboxesHandler, SandboxHandler
 from sandfork.engine.handlers.snapshots import (
+    CheckpointsHandler,
     ForkHandler,
     ForkTreeHandler,
+    LedgerHandler,
+    ResumeHandler,
     SandboxSnapshotsHandler,
     SnapshotHandler,
     SnapshotsHandler,
@@ -69,6 +72,9 @@ def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web
         (rf"/v1/sandboxes/{_SBX}/snapshots", SandboxSnapshotsHandler),
         (rf"/v1/sandboxes/{_SBX}/fork", ForkHandler),
         (rf"/v1/sandboxes/{_SBX}/fork-tree", ForkTreeHandler),
+        (rf"/v1/sandboxes/{_SBX}/checkpoints", CheckpointsHandler),
+        (rf"/v1/sandboxes/{_SBX}/resume", ResumeHandler),
+        (rf"/v1/sandboxes/{_SBX}/ledger", LedgerHandler),
         (r"/v1/snapshots", SnapshotsHandler),
         (rf"/v1/snapshots/{_SNAP}", SnapshotHandler),
     ]

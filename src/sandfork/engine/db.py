@@ -46,6 +46,23 @@ CREATE TABLE IF NOT EXISTS snapshots (
     size_bytes INTEGER NOT NULL,
     hidden INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS ledger (
+    sandbox_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    request TEXT NOT NULL,
+    result TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    PRIMARY KEY (sandbox_id, seq)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    sandbox_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    snapshot_id TEXT NOT NULL,
+    name TEXT,
+    created_at TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS layers (
     path TEXT PRIMARY KEY,
     backing TEXT NOT NULL
@@ -132,6 +149,10 @@ class Database:
         """Every sandbox, oldest first."""
         rows = self._conn.execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
         return [_record(row) for row in rows]
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """Run one statement and return its rows (for the engine's smaller tables)."""
+        return self._conn.execute(sql, params).fetchall()
 
     def put_snapshot(self, snap: SnapshotRecord) -> None:
         """Insert or replace a snapshot row."""

@@ -10,9 +10,8 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from sandfork.engine.boot_captures import BootCaptures, Capture
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, Timeout
 from sandfork.engine.execution import CodeRunner
+from sandfork.engine.ledger import Ledger, now
 from sandfork.engine.snapshots import SnapshotStore, new_snapshot_id
 from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, load_spec
 
@@ -74,10 +74,6 @@ def _stored_bytes(path: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in files)
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def new_sandbox_id() -> str:
     """A fresh, unguessable sandbox id."""
     return "sbx_" + secrets.token_hex(8)
@@ -100,6 +96,7 @@ class SandboxManager:
         self.backend = backend
         self.sandboxes_dir = home / "sandboxes"
         self.snapshots = SnapshotStore(db, home)
+        self.ledger = Ledger(db)
         self.boot_captures = boot_captures
         self._locks: dict[str, asyncio.Lock] = {}
         self.max_output = max_output
@@ -228,7 +225,7 @@ class SandboxManager:
             status="starting",
             cpus=capture.spec["cpus"],
             memory_mb=capture.spec["memory_mb"],
-            created_at=_now(),
+            created_at=now(),
             backend=self.backend.name,
             accelerator=capture.spec["accelerator"],
             dir=str(directory),
@@ -290,7 +287,7 @@ class SandboxManager:
             snap = SnapshotRecord(
                 id=snapshot_id,
                 name=name,
-                created_at=_now(),
+                created_at=now(),
                 sandbox_id=sandbox_id,
                 template=record.template,
                 parent_id=record.from_snapshot,
@@ -345,6 +342,39 @@ class SandboxManager:
                 await self.live(sandbox_id).runner.run(
                     ctx["id"], _RESEED, 60, self.max_output, silent=True
                 )
+
+    async def checkpoint(self, sandbox_id: str, name: str | None) -> dict[str, Any]:
+        """Snapshot the sandbox and record a ``checkpoint_created`` event in its ledger."""
+        snap = await self.snapshot(sandbox_id, name)
+        return self.ledger.checkpoint(sandbox_id, snap.id, name)
+
+    async def resume(
+        self, sandbox_id: str, name: str | None
+    ) -> tuple[SandboxRecord, list[dict[str, Any]]]:
+        """Restore the latest (or named) checkpoint of a sandbox, alive or killed.
+
+        Returns the new sandbox and the calls made before the checkpoint, which the client
+        replays from cache; the new sandbox's ledger starts with them.
+        """
+        checkpoint = self.ledger.find_checkpoint(sandbox_id, name)
+        metadata = {"resumed_from": sandbox_id}
+        record = await self.create_from_snapshot(
+            checkpoint["snapshot_id"], metadata=metadata, persistent=False
+        )
+        self.ledger.copy(sandbox_id, record.id, checkpoint["seq"])
+        return record, self.ledger.entries(record.id)
+
+    async def ledgered(
+        self, sandbox_id: str, kind: str, request: dict[str, Any], call: Awaitable[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Await ``call`` and append it, with its result, to the sandbox's ledger."""
+        started_at, started = now(), time.monotonic()
+        result = await call
+        duration_ms = int((time.monotonic() - started) * 1000)
+        result["seq"] = self.ledger.append(
+            sandbox_id, kind, request, result, started_at, duration_ms
+        )
+        return result
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Delete a snapshot; what other snapshots and sandboxes use stays."""

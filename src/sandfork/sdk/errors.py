@@ -39,3 +39,16 @@ class CommandFailed(SandforkError):
         self.exit_code = exit_code
         self.stdout = stdout
         self.stderr = stderr
+
+
+class ReplayMismatch(SandforkError):
+    """A resumed sandbox was asked, at a sequence number its replay cache covers, for a
+    call other than the one the original sandbox made there."""
+
+    def __init__(self, seq: int, expected: dict[str, object], got: dict[str, object]) -> None:
+        super().__init__(
+            f"call #{seq} differs from the ledger: it recorded {expected}, this call is {got}"
+        )
+        self.seq = seq
+        self.expected = expected
+        self.got = got

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandfork.sdk.client import Client, default_client
-from sandfork.sdk.errors import CommandFailed, NotFoundError, SandboxTimeout, SandforkError
+from sandfork.sdk.errors import (
+    CommandFailed,
+    NotFoundError,
+    ReplayMismatch,
+    SandboxTimeout,
+    SandforkError,
+)
 from sandfork.sdk.models import ExecResult, Execution
 
 
@@ -26,9 +32,8 @@ class CodeContext:
         body: dict[str, Any] = {"code": code}
         if timeout_seconds is not None:
             body["timeout_seconds"] = timeout_seconds
-        data = self.sandbox.client.request(
-            "POST", f"/sandboxes/{self.sandbox.id}/repl/sessions/{self.id}/run", json=body
-        )
+        path = f"/sandboxes/{self.sandbox.id}/repl/sessions/{self.id}/run"
+        data = self.sandbox._ledgered("run_code", path, body, {"context": self.id})
         return Execution.from_api(data)
 
     def close(self) -> None:
@@ -112,6 +117,8 @@ class Sandbox:
     persistent: bool = False
     boot_ms: int | None = None
     client: Client = field(default_factory=default_client, repr=False, compare=False)
+    _replay: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
+    _calls: int = field(default=0, repr=False, compare=False)
 
     @classmethod
     def _from_api(cls, data: dict[str, Any], client: Client) -> Sandbox:
@@ -184,10 +191,8 @@ class Sandbox:
         :raises SandboxTimeout: the command ran past ``timeout_seconds`` and was killed.
         :raises CommandFailed: ``check`` is set and the command exited non-zero.
         """
-        data = self.client.request(
-            "POST", f"/sandboxes/{self.id}/exec", json=_exec_body(cmd, timeout_seconds, env, cwd)
-        )
-        result = ExecResult.from_api(data)
+        body = _exec_body(cmd, timeout_seconds, env, cwd)
+        result = ExecResult.from_api(self._ledgered("exec", f"/sandboxes/{self.id}/exec", body))
         if check and result.exit_code != 0:
             raise CommandFailed(
                 f"command exited with code {result.exit_code}: {cmd}",
@@ -270,6 +275,50 @@ class Sandbox:
         body = {"count": count, "reseed_python": reseed_python, "metadata": metadata or {}}
         data = self.client.request("POST", f"/sandboxes/{self.id}/fork-tree", json=body)
         return [Sandbox._from_api(c, self.client) for c in data["children"]]
+
+    def checkpoint(self, name: str | None = None) -> str:
+        """Snapshot the sandbox and mark the point in its ledger; return the snapshot id.
+
+        ``Sandbox.resume(sandbox_id)`` later restores the latest (or the named) checkpoint.
+        """
+        body = {"name": name} if name is not None else {}
+        event = self.client.request("POST", f"/sandboxes/{self.id}/checkpoints", json=body)
+        return str(event["snapshot_id"])
+
+    @classmethod
+    def resume(
+        cls, sandbox_id: str, name: str | None = None, *, client: Client | None = None
+    ) -> Sandbox:
+        """A new sandbox from the latest (or named) checkpoint of ``sandbox_id``.
+
+        Its handle answers the calls made before the checkpoint from a replay cache, in
+        order and without a round trip (:class:`ReplayMismatch` if a call differs), and
+        runs everything after them live.
+        """
+        client = client or default_client()
+        body = {"name": name} if name is not None else {}
+        data = client.request("POST", f"/sandboxes/{sandbox_id}/resume", json=body)
+        sandbox = cls._from_api(data["sandbox"], client)
+        sandbox._replay = {entry["seq"]: entry for entry in data["replay"]}
+        return sandbox
+
+    def ledger(self) -> builtins.list[dict[str, Any]]:
+        """The sandbox's recorded calls and checkpoint events, in order."""
+        return self.client.request("GET", f"/sandboxes/{self.id}/ledger")["events"]  # type: ignore[no-any-return]
+
+    def _ledgered(
+        self, kind: str, path: str, body: dict[str, Any], extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Send an exec or run_code, or answer it from the replay cache of a resume."""
+        self._calls += 1
+        entry = self._replay.pop(self._calls, None)
+        if entry is None:
+            return self.client.request("POST", path, json=body)  # type: ignore[no-any-return]
+        request = {**body, **(extra or {})}
+        if entry["kind"] != kind or entry["request"] != request:
+            recorded = {"kind": entry["kind"], **entry["request"]}
+            raise ReplayMismatch(self._calls, recorded, {"kind": kind, **request})
+        return entry["result"]  # type: ignore[no-any-return]
 
     def refresh(self) -> Sandbox:
         """Reload status and fields from the engine."""

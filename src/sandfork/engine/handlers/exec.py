@@ -30,7 +30,9 @@ class ExecHandler(ApiHandler):
     """``POST``: run a command and answer with its output and exit code."""
 
     async def post(self, sandbox_id: str) -> None:
-        self.write_json(await self.manager.exec(sandbox_id, **_exec_args(self.json_body())))
+        body = self.json_body()
+        call = self.manager.exec(sandbox_id, **_exec_args(body))
+        self.write_json(await self.manager.ledgered(sandbox_id, "exec", body, call))
 
 
 class ExecStreamHandler(ApiHandler):

@@ -42,4 +42,6 @@ class RunHandler(ApiHandler):
         if code is None:
             raise BadRequest("field 'code' is required")
         timeout = timeout_field(body, "timeout_seconds", millis="timeout_ms")
-        self.write_json(await self.manager.run_code(sandbox_id, context, code, timeout))
+        call = self.manager.run_code(sandbox_id, context, code, timeout)
+        request = {**body, "context": context}
+        self.write_json(await self.manager.ledgered(sandbox_id, "run_code", request, call))

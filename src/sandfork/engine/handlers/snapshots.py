@@ -94,3 +94,27 @@ class SnapshotHandler(ApiHandler):
         self.manager.delete_snapshot(snapshot_id)
         self.set_status(204)
         self.finish()
+
+
+class CheckpointsHandler(ApiHandler):
+    """``POST {"name"?}``: snapshot and mark a checkpoint in the sandbox's ledger."""
+
+    async def post(self, sandbox_id: str) -> None:
+        event = await self.manager.checkpoint(sandbox_id, name_field(self.json_body()))
+        self.write_json(event, 201)
+
+
+class ResumeHandler(ApiHandler):
+    """``POST {"name"?}``: a new sandbox from the latest (or named) checkpoint, plus the
+    calls before it for the client's replay cache. Works for killed sandboxes too."""
+
+    async def post(self, sandbox_id: str) -> None:
+        record, replay = await self.manager.resume(sandbox_id, name_field(self.json_body()))
+        self.write_json({"sandbox": record.to_api(), "replay": replay}, 201)
+
+
+class LedgerHandler(ApiHandler):
+    """``GET``: the sandbox's calls and checkpoint events, in order."""
+
+    async def get(self, sandbox_id: str) -> None:
+        self.write_json({"events": self.manager.ledger.events(sandbox_id)})
