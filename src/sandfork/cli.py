@@ -113,6 +113,67 @@ def _sandbox_kill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot_ls(args: argparse.Namespace) -> int:
+    from sandfork.sdk import Snapshot
+
+    table = Table("id", "name", "sandbox", "template", "size", "created")
+    for snap in Snapshot.list(sandbox_id=args.sandbox):
+        size = f"{snap.size_bytes / 2**20:.0f} MiB"
+        table.add_row(
+            snap.id, snap.name or "", snap.sandbox_id, snap.template, size, snap.created_at
+        )
+    console.print(table)
+    return 0
+
+
+def _snapshot_create(args: argparse.Namespace) -> int:
+    from sandfork.sdk import Sandbox
+
+    print(Sandbox.get(args.sandbox).snapshot(args.name))
+    return 0
+
+
+def _snapshot_restore(args: argparse.Namespace) -> int:
+    from sandfork.sdk import Sandbox
+
+    print(Sandbox.create(from_snapshot=args.id, persistent=True).id)
+    return 0
+
+
+def _snapshot_rename(args: argparse.Namespace) -> int:
+    from sandfork.sdk import Snapshot
+
+    Snapshot.get(args.id).rename(args.name)
+    return 0
+
+
+def _snapshot_rm(args: argparse.Namespace) -> int:
+    from sandfork.sdk import Snapshot
+
+    for snapshot_id in args.ids:
+        Snapshot.get(snapshot_id).delete()
+        print(f"deleted {snapshot_id}")
+    return 0
+
+
+def _snapshot_export(args: argparse.Namespace) -> int:
+    from sandfork.sdk import Snapshot
+
+    with console.status(f"exporting {args.id}…"):
+        Snapshot.get(args.id).export(args.file)
+    console.print(f"wrote {args.file}")
+    return 0
+
+
+def _snapshot_import(args: argparse.Namespace) -> int:
+    from sandfork.sdk import Snapshot
+
+    with console.status(f"importing {args.file}…"):
+        snap = Snapshot.import_file(args.file)
+    print(snap.id)
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from sandfork.backends.vm.accel import detect_accelerator
     from sandfork.templates import BuiltTemplate, list_specs
@@ -194,6 +255,34 @@ def build_parser() -> argparse.ArgumentParser:
     kill.add_argument("ids", nargs="*")
     kill.add_argument("--all", action="store_true")
     kill.set_defaults(func=_sandbox_kill)
+
+    snapshot = sub.add_parser("snapshot", help="manage snapshots").add_subparsers(
+        dest="snapshot_command", required=True
+    )
+    ls = snapshot.add_parser("ls", help="list snapshots")
+    ls.add_argument("--sandbox", help="only those of this sandbox")
+    ls.set_defaults(func=_snapshot_ls)
+    take = snapshot.add_parser("create", help="snapshot a running sandbox, print the id")
+    take.add_argument("sandbox")
+    take.add_argument("--name")
+    take.set_defaults(func=_snapshot_create)
+    restore = snapshot.add_parser("restore", help="create a sandbox from a snapshot")
+    restore.add_argument("id")
+    restore.set_defaults(func=_snapshot_restore)
+    rename = snapshot.add_parser("rename", help="rename a snapshot")
+    rename.add_argument("id")
+    rename.add_argument("name")
+    rename.set_defaults(func=_snapshot_rename)
+    rm = snapshot.add_parser("rm", help="delete snapshots")
+    rm.add_argument("ids", nargs="+")
+    rm.set_defaults(func=_snapshot_rm)
+    export = snapshot.add_parser("export", help="write a snapshot to one portable file")
+    export.add_argument("id")
+    export.add_argument("file")
+    export.set_defaults(func=_snapshot_export)
+    import_ = snapshot.add_parser("import", help="add a snapshot from an exported file")
+    import_.add_argument("file")
+    import_.set_defaults(func=_snapshot_import)
 
     doctor = sub.add_parser("doctor", help="check QEMU, the accelerator, images and disk space")
     doctor.add_argument("--accelerator", choices=["auto", "kvm", "tcg"], default="auto")

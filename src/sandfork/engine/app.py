@@ -27,8 +27,10 @@ from sandfork.engine.handlers.repl import RunHandler, SessionHandler, SessionsHa
 from sandfork.engine.handlers.sandboxes import SandboxesHandler, SandboxHandler
 from sandfork.engine.handlers.snapshots import (
     CheckpointsHandler,
+    ExportHandler,
     ForkHandler,
     ForkTreeHandler,
+    ImportHandler,
     LedgerHandler,
     ResumeHandler,
     SandboxSnapshotsHandler,
@@ -77,6 +79,8 @@ def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web
         (rf"/v1/sandboxes/{_SBX}/ledger", LedgerHandler),
         (r"/v1/snapshots", SnapshotsHandler),
         (rf"/v1/snapshots/{_SNAP}", SnapshotHandler),
+        (rf"/v1/snapshots/{_SNAP}/export", ExportHandler),
+        (r"/v1/snapshots/import", ImportHandler),
     ]
     return web.Application(
         routes,

@@ -17,6 +17,7 @@ from typing import Any
 
 from sandfork.backends.base import Backend, Instance
 from sandfork.backends.channel import AgentError, AgentUnavailable
+from sandfork.engine import exchange
 from sandfork.engine.boot_captures import BootCaptures, Capture
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, Timeout
@@ -375,6 +376,44 @@ class SandboxManager:
             sandbox_id, kind, request, result, started_at, duration_ms
         )
         return result
+
+    async def export_snapshot(self, snapshot_id: str, out: Path) -> None:
+        """Write a snapshot to one portable file (see :mod:`sandfork.engine.exchange`)."""
+        snap = self.snapshots.get(snapshot_id)
+        await asyncio.to_thread(exchange.export_snapshot, snap, self.snapshots.path(snap.id), out)
+
+    async def import_snapshot(self, file: Path) -> SnapshotRecord:
+        """Add the snapshot in an exported file; its template is built here if needed."""
+        staging = self.snapshots.staging(new_snapshot_id())
+        try:
+            manifest = await asyncio.to_thread(exchange.unpack, file, staging)
+            info = manifest["snapshot"]
+            if info["id"] in {s.id for s in self.snapshots.visible()}:
+                raise Conflict(f"snapshot {info['id']} is already here")
+            built = await self.template(info["template"])
+            if (built.boot_key, built.rootfs.parent.name) != (
+                manifest["boot_key"],
+                manifest["rootfs_key"],
+            ):
+                raise Conflict(
+                    f"this snapshot needs template {built.name!r} built from the same inputs "
+                    f"(boot {manifest['boot_key']}, image {manifest['rootfs_key']}); "
+                    f"here it is boot {built.boot_key}, image {built.rootfs.parent.name}"
+                )
+            backing = built.rootfs
+            for i in range(manifest["layers"]):
+                layer = self.snapshots.new_layer(backing)
+                (staging / f"layer{i}.qcow2").rename(layer)
+                await asyncio.to_thread(exchange.rebase, layer, backing)
+                backing = layer
+            (staging / "manifest.json").unlink()
+            vm = {**info["vm"], "kernel": str(built.kernel), "initrd": str(built.initrd)}
+            snap = SnapshotRecord(**{**info, "disk": str(backing), "vm": vm})
+            self.snapshots.publish(snap, staging)
+            return snap
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            self.snapshots.collect(self.list())
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Delete a snapshot; what other snapshots and sandboxes use stays."""

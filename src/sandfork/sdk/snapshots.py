@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sandfork.sdk.client import Client, default_client
@@ -54,6 +55,21 @@ class Snapshot:
         """Give the snapshot a new name."""
         self.client.request("PATCH", f"/snapshots/{self.id}", json={"name": name})
         self.name = name
+
+    def export(self, path: str | Path) -> None:
+        """Write the snapshot to one file that ``Snapshot.import_file`` takes elsewhere."""
+        response = self.client.raw("GET", f"/snapshots/{self.id}/export", stream=True)
+        with response, Path(path).open("wb") as f:
+            for chunk in response.iter_content(1 << 20):
+                f.write(chunk)
+
+    @classmethod
+    def import_file(cls, path: str | Path, client: Client | None = None) -> Snapshot:
+        """Add the snapshot exported to ``path``; a damaged file is refused."""
+        client = client or default_client()
+        with Path(path).open("rb") as f:
+            data = client.request("POST", "/snapshots/import", data=f)
+        return cls._from_api(data, client)
 
     def delete(self) -> None:
         """Delete the snapshot; sandboxes and snapshots made from it keep working."""

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
+
+from tornado import web
+from tornado.http1connection import HTTP1Connection
 
 from sandfork.engine.errors import BadRequest
 from sandfork.engine.handlers.base import ApiHandler, field
 from sandfork.engine.snapshots import check_name
 
 MAX_FORKS = 16
+MAX_IMPORT_BYTES = 64 * 2**30
 
 
 def metadata_field(body: dict[str, Any]) -> dict[str, str]:
@@ -118,3 +124,47 @@ class LedgerHandler(ApiHandler):
 
     async def get(self, sandbox_id: str) -> None:
         self.write_json({"events": self.manager.ledger.events(sandbox_id)})
+
+
+class ExportHandler(ApiHandler):
+    """``GET``: the snapshot as one portable file (zstd tar with a checksummed manifest)."""
+
+    async def get(self, snapshot_id: str) -> None:
+        self.manager.snapshots.get(snapshot_id)
+        with tempfile.TemporaryDirectory(dir=self.manager.snapshots.dir.parent) as tmp:
+            out = Path(tmp) / f"{snapshot_id}.sfsnap"
+            await self.manager.export_snapshot(snapshot_id, out)
+            self.set_header("Content-Type", "application/octet-stream")
+            self.set_header("Content-Length", str(out.stat().st_size))
+            with out.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    self.write(chunk)
+                    await self.flush()
+        self.finish()
+
+
+@web.stream_request_body
+class ImportHandler(ApiHandler):
+    """``POST`` an exported snapshot file as the body; answers with the imported snapshot."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        if isinstance(self.request.connection, HTTP1Connection):
+            self.request.connection.set_max_body_size(MAX_IMPORT_BYTES)
+        self._tmp = tempfile.TemporaryDirectory(dir=self.manager.snapshots.dir.parent)
+        self._file = (Path(self._tmp.name) / "import.sfsnap").open("wb")
+
+    def data_received(self, chunk: bytes) -> None:
+        self._file.write(chunk)
+
+    async def post(self) -> None:
+        self._file.close()
+        try:
+            snap = await self.manager.import_snapshot(Path(self._file.name))
+        finally:
+            self._tmp.cleanup()
+        self.write_json(snap.to_api(), 201)
+
+    def on_connection_close(self) -> None:
+        self._file.close()
+        self._tmp.cleanup()
