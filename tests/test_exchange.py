@@ -59,7 +59,7 @@ def test_export_then_import_on_another_engine(
     truncated.write_bytes(data[: len(data) * 2 // 3])
     imported.delete()
     for damaged in (corrupted, truncated):
-        with pytest.raises(BadRequestError, match="corrupted|truncated"):
+        with pytest.raises(BadRequestError, match=r"corrupted|truncated"):
             Snapshot.import_file(damaged, client=client)
     assert Snapshot.list(client=client) == []
     assert not list((own_engine.home / "snapshots").iterdir())
