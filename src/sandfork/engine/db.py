@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
     vm TEXT NOT NULL,
     contexts TEXT NOT NULL DEFAULT '[]',
     size_bytes INTEGER NOT NULL,
+    paused_ms INTEGER NOT NULL DEFAULT 0,
     hidden INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS ledger (
@@ -197,6 +198,7 @@ class SnapshotRecord:
     disk: str
     vm: dict[str, Any]
     size_bytes: int
+    paused_ms: int = 0
     contexts: list[str] = field(default_factory=list)
     hidden: bool = False
 
@@ -210,6 +212,7 @@ class SnapshotRecord:
             "template": self.template,
             "parent_id": self.parent_id,
             "size_bytes": self.size_bytes,
+            "paused_ms": self.paused_ms,
             "memory_mb": self.vm.get("memory_mb"),
             "cpu": self.vm.get("cpus"),
             "contexts": self.contexts,

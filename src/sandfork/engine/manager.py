@@ -279,7 +279,7 @@ class SandboxManager:
             frozen = Path(record.disk)
             new_disk = self.snapshots.new_layer(frozen)
             try:
-                await live.instance.snapshot(staging, new_disk)
+                paused = await live.instance.snapshot(staging, new_disk)
             except Exception as e:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise ApiError(f"the snapshot failed: {e}", 500) from e
@@ -295,6 +295,7 @@ class SandboxManager:
                 disk=str(frozen),
                 vm=record.vm,
                 size_bytes=_stored_bytes(staging) + _stored_bytes(frozen),
+                paused_ms=int(paused * 1000),
                 contexts=[c["id"] for c in contexts.get("contexts", [])],
                 hidden=hidden,
             )

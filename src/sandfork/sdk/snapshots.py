@@ -20,6 +20,7 @@ class Snapshot:
     template: str
     parent_id: str | None
     size_bytes: int
+    paused_ms: int
     contexts: list[str]
     client: Client = field(default_factory=default_client, repr=False, compare=False)
 
@@ -33,6 +34,7 @@ class Snapshot:
             template=data["template"],
             parent_id=data.get("parent_id"),
             size_bytes=int(data["size_bytes"]),
+            paused_ms=int(data.get("paused_ms", 0)),
             contexts=list(data.get("contexts", [])),
             client=client,
         )

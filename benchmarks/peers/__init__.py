@@ -1,0 +1,5 @@
+"""Peers measured beside Sandfork in the benchmarks, on the same machine and data."""
+
+from peers.criu import criu_peer
+
+__all__ = ["criu_peer"]
