@@ -26,10 +26,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import EngineProcess  # noqa: E402
-from peers import criu_peer  # noqa: E402
+from conftest import EngineProcess
+from peers import criu_peer
 
-from sandfork.sdk import Client, Sandbox, Snapshot  # noqa: E402
+from sandfork.sdk import Client, Sandbox, Snapshot
 
 SIZES = {"100 MB": (100 * 2**20, 1024), "1 GiB": (2**30, 2560)}
 FILL = "import numpy as np\nheld = np.full({n}, 7, dtype=np.uint8)\nint(held[-1])"
@@ -62,9 +62,12 @@ def measure(client: Client, size: int, memory_mb: int, runs: int) -> dict[str, f
         add("parent paused (s)", snap.paused_ms / 1000)
         add("bytes stored (MB)", snap.size_bytes / 1e6)
         seconds, again = clock(sb.snapshot)
-        add("2nd snapshot, unchanged: bytes added (MB)", Snapshot.get(again, client=client).size_bytes / 1e6)
+        add(
+            "2nd snapshot, unchanged: bytes added (MB)",
+            Snapshot.get(again, client=client).size_bytes / 1e6,
+        )
 
-        def restore() -> Sandbox:
+        def restore(snap_id: str = snap_id) -> Sandbox:
             restored = Sandbox.create(from_snapshot=snap_id, client=client)
             assert restored.create_code_context().run_code("int(held[0])").text == "7"
             return restored
@@ -122,11 +125,9 @@ def main() -> None:
         print(f"{name:48}{cells}")
     for label, row in results.items():
         if "CRIU dump (s)" in row:
-            print(
-                f"{label}: snapshot / CRIU dump = {row['snapshot (s)'] / row['CRIU dump (s)']:.1f}x, "
-                f"restore / CRIU restore = "
-                f"{row['restore to first result (s)'] / row['CRIU restore (s)']:.1f}x"
-            )
+            dump = row["snapshot (s)"] / row["CRIU dump (s)"]
+            restore = row["restore to first result (s)"] / row["CRIU restore (s)"]
+            print(f"{label}: snapshot/CRIU dump {dump:.1f}x, restore/CRIU restore {restore:.1f}x")
 
 
 if __name__ == "__main__":

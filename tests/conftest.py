@@ -21,8 +21,9 @@ from sandfork.templates import ensure_template
 class EngineProcess:
     """``sandfork serve`` in a subprocess, state under ``home``; restartable."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, *args: str) -> None:
         self.home = home
+        self.args = args
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.api_key = ""
@@ -41,6 +42,7 @@ class EngineProcess:
                 "0",
                 "--state-dir",
                 str(self.home),
+                *self.args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -2,59 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pandastack
 import pytest
 from conftest import EngineProcess
-
-pandastack = pytest.importorskip(
-    "pandastack", reason="pandastack is a test dependency (pip install .[test])"
-)
 
 pytestmark = pytest.mark.vm
 
 
-def test_pandastack_sdk_create_exec_run_code_kill(
+@pytest.fixture
+def ps_client(
     engine: EngineProcess, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> Iterator[pandastack.Client]:
+    """The published SDK's client, configured only through its documented variables."""
     monkeypatch.setenv("PANDASTACK_API", engine.url)
     monkeypatch.setenv("PANDASTACK_API_KEY", engine.api_key)
     client = pandastack.Client(timeout=300)
     pandastack.set_default_client(client)
-    try:
-        sandbox = pandastack.Sandbox.create(template="code-interpreter")
-        assert sandbox.status == "running"
-        result = sandbox.exec("python3 -c 'print(sum(range(10)))'", check=True)
-        assert result.stdout == "45\n" and result.exit_code == 0
-
-        ctx = sandbox.create_code_context()
-        ctx.run_code("import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})")
-        ex = ctx.run_code("print('rows'); int(df.shape[0])")
-        assert ex.text == "1000"
-        assert ex.stdout == "rows\n"
-        png = ctx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()").png
-        assert png is not None and png.startswith("iVBORw0KGgo")
-
-        with pytest.raises(pandastack.SandboxTimeout):
-            sandbox.exec("sleep 60", timeout_seconds=1)
-
-        sandbox.filesystem.write("/tmp/hello.txt", "hi")
-        assert sandbox.filesystem.read("/tmp/hello.txt") == b"hi"
-        assert any(e.name == "hello.txt" for e in sandbox.filesystem.listdir("/tmp"))
-
-        listed = [s.id for s in client.sandboxes.list()]
-        assert sandbox.id in listed
-        sandbox.kill()
-        assert sandbox.id not in [s.id for s in client.sandboxes.list()]
-    finally:
-        pandastack.set_default_client(None)
+    yield client
+    pandastack.set_default_client(None)
 
 
-def test_pandastack_sdk_snapshot_restore_fork(
-    engine: EngineProcess, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PANDASTACK_API", engine.url)
-    monkeypatch.setenv("PANDASTACK_API_KEY", engine.api_key)
-    client = pandastack.Client(timeout=300)
-    pandastack.set_default_client(client)
+def test_pandastack_sdk_create_exec_run_code_kill(ps_client: pandastack.Client) -> None:
+    client = ps_client
+    sandbox = pandastack.Sandbox.create(template="code-interpreter")
+    assert sandbox.status == "running"
+    result = sandbox.exec("python3 -c 'print(sum(range(10)))'", check=True)
+    assert result.stdout == "45\n" and result.exit_code == 0
+
+    ctx = sandbox.create_code_context()
+    ctx.run_code("import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})")
+    ex = ctx.run_code("print('rows'); int(df.shape[0])")
+    assert ex.text == "1000"
+    assert ex.stdout == "rows\n"
+    png = ctx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()").png
+    assert png is not None and png.startswith("iVBORw0KGgo")
+
+    with pytest.raises(pandastack.SandboxTimeout):
+        sandbox.exec("sleep 60", timeout_seconds=1)
+
+    sandbox.filesystem.write("/tmp/hello.txt", "hi")
+    assert sandbox.filesystem.read("/tmp/hello.txt") == b"hi"
+    assert any(e.name == "hello.txt" for e in sandbox.filesystem.listdir("/tmp"))
+
+    listed = [s.id for s in client.sandboxes.list()]
+    assert sandbox.id in listed
+    sandbox.kill()
+    assert sandbox.id not in [s.id for s in client.sandboxes.list()]
+
+
+def test_pandastack_sdk_snapshot_restore_fork(ps_client: pandastack.Client) -> None:
+    client = ps_client
     made = []
     try:
         sandbox = pandastack.Sandbox.create(template="code-interpreter")
@@ -82,4 +81,3 @@ def test_pandastack_sdk_snapshot_restore_fork(
     finally:
         for sb in made:
             sb.kill()
-        pandastack.set_default_client(None)

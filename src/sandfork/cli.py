@@ -27,7 +27,11 @@ def _serve(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = EngineConfig(
-        ip=args.ip, port=args.port, accelerator=args.accelerator, state_dir=args.state_dir
+        ip=args.ip,
+        port=args.port,
+        accelerator=args.accelerator,
+        state_dir=args.state_dir,
+        boot_snapshots=not args.no_boot_snapshots,
     )
     asyncio.run(serve(config))
     return 0
@@ -219,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--accelerator", choices=["auto", "kvm", "tcg"], default="auto")
     serve.add_argument(
         "--state-dir", default="", help="database and sandboxes (default: SANDFORK_HOME)"
+    )
+    serve.add_argument(
+        "--no-boot-snapshots",
+        action="store_true",
+        help="boot every sandbox instead of restoring its template's pre-booted snapshot",
     )
     serve.set_defaults(func=_serve)
 
