@@ -11,8 +11,6 @@ ipykernel reached directly with jupyter_client (what run_code costs without a VM
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,12 +41,6 @@ def ms(samples: list[float]) -> str:
     return f"{median:9.1f} ms (min {low:.1f}, n={len(samples)})"
 
 
-def stop(engine: EngineProcess) -> None:
-    engine.stop()
-    for pid in engine.qemu_pids():
-        os.kill(pid, signal.SIGKILL)
-
-
 def ratio(ours: list[float], peer: list[float]) -> str:
     return f"ratio {statistics.median(ours) / statistics.median(peer):.1f}x"
 
@@ -77,7 +69,7 @@ def main() -> None:
             cold_boot.append(time.perf_counter() - start)
             sb.kill()
     finally:
-        stop(cold)
+        cold.close()
 
     engine = EngineProcess(Path(tempfile.mkdtemp(prefix="sandfork-bench-")))
     engine.start()
@@ -103,7 +95,7 @@ def main() -> None:
         code_rt = timed(lambda: ctx.run_code("1"), args.round_trips)
         sb.kill()
     finally:
-        stop(engine)
+        engine.close()
 
     local_exec = timed(
         lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True), args.round_trips

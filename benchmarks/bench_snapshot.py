@@ -14,8 +14,6 @@ Python process holding the same array (``benchmarks/peers/criu.sh`` fetches it).
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -116,9 +114,7 @@ def main() -> None:
             results[label] = measure(client, size, memory_mb, args.runs)
             results[label].update(criu_peer(size, args.runs))
     finally:
-        engine.stop()
-        for pid in engine.qemu_pids():
-            os.kill(pid, signal.SIGKILL)
+        engine.close()
 
     names = list(dict.fromkeys(n for r in results.values() for n in r))
     print(f"{'median of ' + str(args.runs) + ' runs':48}" + "".join(f"{s:>14}" for s in results))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ class EngineProcess:
     def __init__(self, home: Path, *args: str) -> None:
         self.home = home
         self.args = args
+        self.ram_dir = Path("/dev/shm/sandfork-test") / home.name
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.api_key = ""
@@ -46,7 +48,11 @@ class EngineProcess:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "SANDFORK_HOME": str(self.home)},
+            env={
+                **os.environ,
+                "SANDFORK_HOME": str(self.home),
+                "SANDFORK_RAM_DIR": str(self.ram_dir),
+            },
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -65,6 +71,19 @@ class EngineProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
             self.process.wait(30)
+
+    def close(self) -> None:
+        """Kill every sandbox through the API, stop the engine, and check nothing is left."""
+        if self.process is not None and self.process.poll() is None:
+            client = self.client()
+            for item in client.request("GET", "/sandboxes")["items"]:
+                client.request("DELETE", f"/sandboxes/{item['id']}")
+            leftovers = list(self.ram_dir.glob("*")) if self.ram_dir.exists() else []
+            assert leftovers == [], f"RAM files left behind: {leftovers}"
+        self.stop()
+        for pid in self.qemu_pids():
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.ram_dir, ignore_errors=True)
 
     def client(self) -> Client:
         return Client(self.url, self.api_key)
@@ -109,13 +128,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator
     proc = EngineProcess(tmp_path_factory.mktemp("sandfork-home"))
     proc.start()
     yield proc
-    if proc.process is not None and proc.process.poll() is None:
-        client = proc.client()
-        for item in client.request("GET", "/sandboxes")["items"]:
-            client.request("DELETE", f"/sandboxes/{item['id']}")
-    proc.stop()
-    for pid in proc.qemu_pids():
-        os.kill(pid, signal.SIGKILL)
+    proc.close()
 
 
 @pytest.fixture
@@ -124,9 +137,7 @@ def own_engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iter
     proc = EngineProcess(tmp_path_factory.mktemp("sandfork-own"))
     proc.start()
     yield proc
-    proc.stop(signal.SIGKILL)
-    for pid in proc.qemu_pids():
-        os.kill(pid, signal.SIGKILL)
+    proc.close()
 
 
 @pytest.fixture

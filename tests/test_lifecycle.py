@@ -171,7 +171,7 @@ def test_kill_leaves_nothing_behind(engine: EngineProcess) -> None:
     sb = Sandbox.create(client=client)
     directory = Path(engine.home) / "sandboxes" / sb.id
     disk = Path(client.request("GET", f"/sandboxes/{sb.id}")["disk"])
-    ram = Path("/dev/shm/sandfork") / f"{sb.id}.ram"
+    ram = engine.ram_dir / f"{sb.id}.ram"
     assert directory.is_dir() and disk.exists() and ram.exists()
     pids_before = set(engine.qemu_pids())
     sb.kill()

@@ -54,3 +54,6 @@ class Backend(Protocol):
 
     async def adopt(self, directory: Path, disk: Path, pid: int) -> Instance:
         """Re-attach to a sandbox an earlier engine process started."""
+
+    def release(self, directory: Path) -> None:
+        """Delete what a sandbox whose process is gone still holds (all but its disk)."""

@@ -120,6 +120,7 @@ class SandboxManager:
                 instance = await self.backend.adopt(Path(record.dir), Path(record.disk), record.pid)
             except Exception as e:
                 self._mark_dead(record, f"its VM was gone when the engine restarted ({e})")
+                await asyncio.to_thread(self.backend.release, Path(record.dir))
                 continue
             self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
             log.info("adopted sandbox %s (pid %s)", record.id, record.pid)
@@ -142,6 +143,7 @@ class SandboxManager:
                 if not live.instance.is_alive():
                     self._mark_dead(live.record, live.instance.failure_reason() or "its VM exited")
                     self._live.pop(live.record.id, None)
+                    await live.instance.destroy()
 
     def _mark_dead(self, record: SandboxRecord, reason: str) -> None:
         log.warning("sandbox %s is dead: %s", record.id, reason)
@@ -457,13 +459,8 @@ class SandboxManager:
         if live is not None:
             await live.instance.destroy()
         else:
-            await asyncio.to_thread(shutil.rmtree, record.dir, True)
+            await asyncio.to_thread(self.backend.release, Path(record.dir))
         self._forget(sandbox_id)
-
-    async def kill_all(self) -> None:
-        """Kill every sandbox (used by tests and ``sandfork sandbox kill --all``)."""
-        for sandbox_id in list(self._records):
-            await self.kill(sandbox_id)
 
     # -- work inside a sandbox -------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sandfork.backends.vm.accel import Accelerator, detect_accelerator
-from sandfork.backends.vm.machine import Machine
+from sandfork.backends.vm.machine import Machine, release
 from sandfork.backends.vm.qemu import VmLayout, VmSpec, create_overlay
 from sandfork.templates import BuiltTemplate
 
@@ -54,3 +54,7 @@ class VmBackend:
     async def adopt(self, directory: Path, disk: Path, pid: int) -> Machine:
         """Re-attach to a VM an earlier engine process started."""
         return await Machine.adopt(VmLayout(directory, disk), pid)
+
+    def release(self, directory: Path) -> None:
+        """Delete the directory and RAM file of a VM that is gone."""
+        release(directory)

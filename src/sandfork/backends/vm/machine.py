@@ -17,7 +17,7 @@ from typing import Any
 from qemu.qmp import ConnectError, QMPClient
 
 from sandfork.backends.channel import AgentChannel
-from sandfork.backends.vm.qemu import VmLayout, VmSpec, command_line
+from sandfork.backends.vm.qemu import VmLayout, VmSpec, command_line, ram_file
 
 MEMORY_FILE = "memory.img"
 DEVICES_FILE = "devices.state"
@@ -185,8 +185,7 @@ class Machine:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         await asyncio.to_thread(self._reap)
-        self.layout.ram_file.unlink(missing_ok=True)
-        await asyncio.to_thread(shutil.rmtree, self.layout.dir, True)
+        await asyncio.to_thread(release, self.layout.dir)
 
     def _reap(self) -> None:
         if self._process is not None:
@@ -212,6 +211,12 @@ async def _wait_migration(qmp: QMPClient, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise VmError(f"saving or loading the VM state took over {timeout:.0f} s")
         await asyncio.sleep(0.005)
+
+
+def release(directory: Path) -> None:
+    """Delete a stopped VM's directory (sockets, logs) and its RAM file."""
+    ram_file(directory).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def copy_sparse(source: Path, dest: Path) -> None:

@@ -22,6 +22,11 @@ def ram_dir() -> Path:
     return Path(os.environ.get("SANDFORK_RAM_DIR", "/dev/shm/sandfork"))
 
 
+def ram_file(directory: Path) -> Path:
+    """The RAM file of the VM whose directory is ``directory``."""
+    return ram_dir() / f"{directory.name}.ram"
+
+
 @dataclass(frozen=True)
 class VmLayout:
     """The files of one VM: its directory (sockets, logs), its disk and its RAM file."""
@@ -32,7 +37,7 @@ class VmLayout:
     @property
     def ram_file(self) -> Path:
         """Guest RAM, a shared file mapping: a snapshot copies it while the VM is paused."""
-        return ram_dir() / f"{self.dir.name}.ram"
+        return ram_file(self.dir)
 
     @property
     def qmp_socket(self) -> Path:
