@@ -16,7 +16,7 @@ if ((${#missing[@]})); then
 fi
 
 # Downloaded wheels are kept outside the checkout so fresh clones and CI reruns install fast.
-export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/sandfork/pip}"
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-${SANDFORK_CACHE_DIR:-$HOME/.cache/sandfork}/pip}"
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   python3 -m venv .venv
