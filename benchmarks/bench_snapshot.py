@@ -5,8 +5,9 @@ shared cache) and prints, per size, the median over ``--runs`` runs of: snapshot
 long the sandbox was paused, bytes stored, restore to first result, fork (to the child's
 first result), fork_tree(8), and a second snapshot of the unchanged sandbox (bytes it adds).
 
-Peers, same run and same data, where they are installed: CRIU 4 dump/restore of a local
-Python process holding the same array (``benchmarks/peers/criu.sh`` fetches it).
+Peers, same run and same data: CRIU 4 dump/restore of a local Python process holding the same
+array (``benchmarks/peers/criu.sh`` fetches it) and Kishu's commit/checkout of a local kernel
+holding it (installed from PyPI into its own virtualenv under the cache).
 
     .venv/bin/python benchmarks/bench_snapshot.py --runs 3
 """
@@ -25,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import EngineProcess
-from peers import criu_peer
+from peers import criu_peer, kishu_peer
 
 from sandfork.sdk import Client, Sandbox, Snapshot
 
@@ -113,6 +114,8 @@ def main() -> None:
             size, memory_mb = SIZES[label]
             results[label] = measure(client, size, memory_mb, args.runs)
             results[label].update(criu_peer(size, args.runs))
+            results[label].update(kishu_peer(size, args.runs))
+            results[label].update(kishu_peer(size, args.runs))
     finally:
         engine.close()
 
@@ -125,7 +128,11 @@ def main() -> None:
         if "CRIU dump (s)" in row:
             dump = row["snapshot (s)"] / row["CRIU dump (s)"]
             restore = row["restore to first result (s)"] / row["CRIU restore (s)"]
-            print(f"{label}: snapshot/CRIU dump {dump:.1f}x, restore/CRIU restore {restore:.1f}x")
+            print(f"{label}: snapshot/CRIU dump {dump:.1f}x, restore {restore:.1f}x")
+        if "Kishu commit (s)" in row:
+            commit = row["snapshot (s)"] / row["Kishu commit (s)"]
+            checkout = row["restore to first result (s)"] / row["Kishu checkout (s)"]
+            print(f"{label}: snapshot/Kishu commit {commit:.1f}x, checkout {checkout:.1f}x")
 
 
 if __name__ == "__main__":

@@ -21,9 +21,16 @@ from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
 from sandfork.engine.errors import NotFound
 from sandfork.engine.handlers.base import ApiHandler
+from sandfork.engine.handlers.channels import ChannelsHandler
 from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler
 from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
-from sandfork.engine.handlers.repl import RunHandler, SessionHandler, SessionsHandler
+from sandfork.engine.handlers.repl import (
+    InterruptHandler,
+    RestartHandler,
+    RunHandler,
+    SessionHandler,
+    SessionsHandler,
+)
 from sandfork.engine.handlers.sandboxes import SandboxesHandler, SandboxHandler
 from sandfork.engine.handlers.snapshots import (
     CheckpointsHandler,
@@ -71,6 +78,9 @@ def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web
         (rf"/v1/sandboxes/{_SBX}/repl/sessions", SessionsHandler),
         (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}", SessionHandler),
         (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}/run", RunHandler),
+        (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}/channels", ChannelsHandler),
+        (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}/interrupt", InterruptHandler),
+        (rf"/v1/sandboxes/{_SBX}/repl/sessions/{_CTX}/restart", RestartHandler),
         (rf"/v1/sandboxes/{_SBX}/snapshots", SandboxSnapshotsHandler),
         (rf"/v1/sandboxes/{_SBX}/fork", ForkHandler),
         (rf"/v1/sandboxes/{_SBX}/fork-tree", ForkTreeHandler),

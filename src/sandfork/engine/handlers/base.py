@@ -6,10 +6,20 @@ import hmac
 import json
 from typing import Any
 
-from tornado import web
+from tornado import httputil, web
 
 from sandfork.engine.errors import ApiError, BadRequest
 from sandfork.engine.manager import SandboxManager
+
+API_KEY_REQUIRED = "missing or wrong API key (send Authorization: Bearer <key>)"
+
+
+def has_api_key(request: httputil.HTTPServerRequest, expected: str) -> bool:
+    """True when the request carries the engine's API key (``Authorization`` or ``X-API-Key``)."""
+    header = request.headers.get("Authorization", "")
+    token = header[7:] if header.lower().startswith("bearer ") else ""
+    token = token or request.headers.get("X-API-Key", "")
+    return bool(token) and hmac.compare_digest(token.encode(), expected.encode())
 
 
 class ApiHandler(web.RequestHandler):
@@ -24,12 +34,8 @@ class ApiHandler(web.RequestHandler):
         return self.settings["manager"]  # type: ignore[no-any-return]
 
     def prepare(self) -> None:
-        expected: str = self.settings["api_key"]
-        header = self.request.headers.get("Authorization", "")
-        token = header[7:] if header.lower().startswith("bearer ") else ""
-        token = token or self.request.headers.get("X-API-Key", "")
-        if not token or not hmac.compare_digest(token.encode(), expected.encode()):
-            raise ApiError("missing or wrong API key (send Authorization: Bearer <key>)", 401)
+        if not has_api_key(self.request, self.settings["api_key"]):
+            raise ApiError(API_KEY_REQUIRED, 401)
 
     def check_xsrf_cookie(self) -> None:
         """API clients authenticate with a header, not cookies: no XSRF token applies."""

@@ -45,3 +45,21 @@ class RunHandler(ApiHandler):
         call = self.manager.run_code(sandbox_id, context, code, timeout)
         request = {**body, "context": context}
         self.write_json(await self.manager.ledgered(sandbox_id, "run_code", request, call))
+
+
+class InterruptHandler(ApiHandler):
+    """``POST``: interrupt the code running in a context (SIGINT to its kernel)."""
+
+    async def post(self, sandbox_id: str, context: str) -> None:
+        await self.manager.call(sandbox_id, "ctx.interrupt", {"context": context})
+        self.set_status(204)
+        self.finish()
+
+
+class RestartHandler(ApiHandler):
+    """``POST``: restart a context's kernel; the context keeps its id, its state is gone."""
+
+    async def post(self, sandbox_id: str, context: str) -> None:
+        await self.manager.call(sandbox_id, "ctx.restart", {"context": context})
+        self.set_status(204)
+        self.finish()
