@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ class EngineProcess:
     def __init__(self, home: Path, *args: str) -> None:
         self.home = home
         self.args = args
-        self.ram_dir = Path("/dev/shm/sandfork-test") / home.name
+        self.ram_dir = Path(tempfile.mkdtemp(prefix="sandfork-test-", dir="/dev/shm"))
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.api_key = ""
@@ -78,7 +79,7 @@ class EngineProcess:
             client = self.client()
             for item in client.request("GET", "/sandboxes")["items"]:
                 client.request("DELETE", f"/sandboxes/{item['id']}")
-            leftovers = list(self.ram_dir.glob("*")) if self.ram_dir.exists() else []
+            leftovers = [p for p in self.ram_dir.rglob("*") if p.is_file()]
             assert leftovers == [], f"RAM files left behind: {leftovers}"
         self.stop()
         for pid in self.qemu_pids():

@@ -16,6 +16,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from sandfork.backends.vm.backend import VmBackend
+from sandfork.backends.vm.qemu import ram_dir
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
@@ -128,6 +129,7 @@ async def serve(config: EngineConfig) -> None:
         backend,
         home,
         captures,
+        ram_dir() / "staging",
         max_output=config.max_output_bytes,
         default_timeout=config.default_exec_timeout,
     )

@@ -89,6 +89,7 @@ class SandboxManager:
         backend: Backend,
         home: Path,
         boot_captures: BootCaptures | None,
+        scratch: Path,
         *,
         max_output: int,
         default_timeout: float,
@@ -96,7 +97,7 @@ class SandboxManager:
         self.db = db
         self.backend = backend
         self.sandboxes_dir = home / "sandboxes"
-        self.snapshots = SnapshotStore(db, home)
+        self.snapshots = SnapshotStore(db, home, scratch)
         self.ledger = Ledger(db)
         self.boot_captures = boot_captures
         self._locks: dict[str, asyncio.Lock] = {}
@@ -283,7 +284,7 @@ class SandboxManager:
             try:
                 paused = await live.instance.snapshot(staging, new_disk)
             except Exception as e:
-                shutil.rmtree(staging, ignore_errors=True)
+                self.snapshots.abandon(snapshot_id, staging)
                 raise ApiError(f"the snapshot failed: {e}", 500) from e
             record.disk = str(new_disk)
             self.db.put(record)
@@ -301,7 +302,7 @@ class SandboxManager:
                 contexts=[c["id"] for c in contexts.get("contexts", [])],
                 hidden=hidden,
             )
-            self.snapshots.publish(snap, staging)
+            await self.snapshots.publish(snap, staging)
         return snap
 
     async def fork(
@@ -387,7 +388,8 @@ class SandboxManager:
 
     async def import_snapshot(self, file: Path) -> SnapshotRecord:
         """Add the snapshot in an exported file; its template is built here if needed."""
-        staging = self.snapshots.staging(new_snapshot_id())
+        staging_id = new_snapshot_id()
+        staging = self.snapshots.staging(staging_id, in_memory=False)
         try:
             manifest = await asyncio.to_thread(exchange.unpack, file, staging)
             info = manifest["snapshot"]
@@ -412,10 +414,10 @@ class SandboxManager:
             (staging / "manifest.json").unlink()
             vm = {**info["vm"], "kernel": str(built.kernel), "initrd": str(built.initrd)}
             snap = SnapshotRecord(**{**info, "disk": str(backing), "vm": vm})
-            self.snapshots.publish(snap, staging)
+            await self.snapshots.publish(snap, staging)
             return snap
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            self.snapshots.abandon(staging_id, staging)
             self.snapshots.collect(self.list())
 
     def delete_snapshot(self, snapshot_id: str) -> None:

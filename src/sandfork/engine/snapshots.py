@@ -11,16 +11,30 @@ that cannot be restored.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
 import shutil
+import subprocess
 from pathlib import Path
 
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, NotFound
 
 log = logging.getLogger(__name__)
+
+
+def _persist(staging: Path, temporary: Path, final: Path) -> None:
+    """Copy a captured snapshot to disk (keeping the memory image's holes), then publish it
+    with a rename so that no half-copied directory ever has its final name."""
+    subprocess.run(
+        ["cp", "-r", "--sparse=always", str(staging), str(temporary)],
+        check=True,
+        capture_output=True,
+    )
+    temporary.rename(final)
+    shutil.rmtree(staging)
 
 
 def check_name(name: str) -> str:
@@ -38,13 +52,19 @@ def new_snapshot_id() -> str:
 class SnapshotStore:
     """The snapshots and disk layers of one engine."""
 
-    def __init__(self, db: Database, root: Path) -> None:
+    def __init__(self, db: Database, root: Path, scratch: Path) -> None:
         self.db = db
         self.dir = root / "snapshots"
         self.layers_dir = root / "layers"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.layers_dir.mkdir(parents=True, exist_ok=True)
+        self.scratch = scratch
+        for path in (self.dir, self.layers_dir, self.scratch):
+            path.mkdir(parents=True, exist_ok=True)
         self._records = {s.id: s for s in db.snapshots()}
+        self._pending: set[str] = set()
+        for snap in [s for s in self._records.values() if s.hidden]:
+            # A fork's capture lives in scratch memory and only while the fork runs.
+            db.delete_snapshot(snap.id)
+            del self._records[snap.id]
 
     def new_layer(self, backing: Path) -> Path:
         """Register a new disk layer over ``backing``; the caller creates the file."""
@@ -52,21 +72,47 @@ class SnapshotStore:
         self.db.add_layer(str(path), str(backing))
         return path
 
-    def staging(self, snapshot_id: str) -> Path:
-        """A fresh directory to write a snapshot into before it is published."""
-        path = self.dir / f".tmp-{snapshot_id}"
+    def staging(self, snapshot_id: str, in_memory: bool = True) -> Path:
+        """A fresh directory to write a snapshot into, in scratch memory by default.
+
+        Capturing into memory keeps the VM's pause short: the copy to disk happens in
+        :meth:`publish`, after the VM runs again.
+        """
+        self._pending.add(snapshot_id)
+        parent = self.scratch if in_memory else self.dir
+        parent.mkdir(parents=True, exist_ok=True)  # /dev/shm may have been emptied
+        path = parent / f".tmp-{snapshot_id}"
         path.mkdir()
         return path
 
-    def publish(self, record: SnapshotRecord, staging: Path) -> None:
-        """Move a complete snapshot into place and list it."""
-        staging.rename(self.path(record.id))
-        self.db.put_snapshot(record)
-        self._records[record.id] = record
+    def abandon(self, snapshot_id: str, staging: Path) -> None:
+        """Drop a capture that failed."""
+        shutil.rmtree(staging, ignore_errors=True)
+        self._pending.discard(snapshot_id)
 
-    def path(self, snapshot_id: str) -> Path:
+    async def publish(self, record: SnapshotRecord, staging: Path) -> None:
+        """Move a complete snapshot into place and list it.
+
+        A durable snapshot is copied to disk under a temporary name and renamed into place;
+        a hidden one (a fork's capture) stays in scratch memory.
+        """
+        try:
+            if record.hidden or staging.parent == self.dir:
+                staging.rename(self.path(record.id, hidden=record.hidden))
+            else:
+                await asyncio.to_thread(
+                    _persist, staging, self.dir / staging.name, self.path(record.id, hidden=False)
+                )
+            self.db.put_snapshot(record)
+            self._records[record.id] = record
+        finally:
+            self._pending.discard(staging.name.removeprefix(".tmp-"))
+
+    def path(self, snapshot_id: str, hidden: bool | None = None) -> Path:
         """The directory of a snapshot."""
-        return self.dir / snapshot_id
+        if hidden is None:
+            hidden = self.get(snapshot_id).hidden
+        return (self.scratch if hidden else self.dir) / snapshot_id
 
     def get(self, snapshot_id: str) -> SnapshotRecord:
         """A snapshot, or 404."""
@@ -94,16 +140,18 @@ class SnapshotStore:
 
     def delete(self, snapshot_id: str, sandboxes: list[SandboxRecord]) -> None:
         """Delete a snapshot; layers still used by others stay."""
-        self.get(snapshot_id)
+        record = self.get(snapshot_id)
         self.db.delete_snapshot(snapshot_id)
         del self._records[snapshot_id]
-        shutil.rmtree(self.path(snapshot_id), ignore_errors=True)
+        shutil.rmtree(self.path(snapshot_id, record.hidden), ignore_errors=True)
         self.collect(sandboxes)
 
     def collect(self, sandboxes: list[SandboxRecord]) -> None:
         """Delete leftovers of interrupted snapshots and every layer nothing uses."""
-        for entry in self.dir.iterdir():
-            if entry.name.startswith(".tmp-") or entry.name not in self._records:
+        scratch = list(self.scratch.iterdir()) if self.scratch.exists() else []
+        for entry in [*self.dir.iterdir(), *scratch]:
+            name = entry.name.removeprefix(".tmp-")
+            if name not in self._records and name not in self._pending:
                 log.info("removing incomplete snapshot directory %s", entry)
                 shutil.rmtree(entry, ignore_errors=True)
         layers = self.db.layers()
