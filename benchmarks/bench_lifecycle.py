@@ -11,38 +11,20 @@ ipykernel reached directly with jupyter_client (what run_code costs without a VM
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from jupyter_client.manager import start_new_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import EngineProcess
+from timing import ms, ratio, timed
 
 from sandfork.sdk import Sandbox
-
-
-def timed(fn: Callable[[], object], runs: int) -> list[float]:
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return samples
-
-
-def ms(samples: list[float]) -> str:
-    median, low = statistics.median(samples) * 1000, min(samples) * 1000
-    return f"{median:9.1f} ms (min {low:.1f}, n={len(samples)})"
-
-
-def ratio(ours: list[float], peer: list[float]) -> str:
-    return f"ratio {statistics.median(ours) / statistics.median(peer):.1f}x"
 
 
 def main() -> None:

@@ -18,30 +18,18 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import EngineProcess
 from peers import criu_peer, kishu_peer
+from timing import clock
 
 from sandfork.sdk import Client, Sandbox, Snapshot
 
 SIZES = {"100 MB": (100 * 2**20, 1024), "1 GiB": (2**30, 2560)}
 FILL = "import numpy as np\nheld = np.full({n}, 7, dtype=np.uint8)\nint(held[-1])"
-
-
-def clock(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    value = fn()
-    return time.perf_counter() - start, value
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def measure(client: Client, size: int, memory_mb: int, runs: int) -> dict[str, float]:
@@ -93,7 +81,7 @@ def measure(client: Client, size: int, memory_mb: int, runs: int) -> dict[str, f
         for s in (snap_id, again):
             Snapshot.get(s, client=client).delete()
     sb.kill()
-    return {name: median(values) for name, values in rows.items()}
+    return {name: statistics.median(values) for name, values in rows.items()}
 
 
 def main() -> None:
