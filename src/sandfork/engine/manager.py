@@ -278,7 +278,8 @@ class SandboxManager:
         async with self._sandbox_lock(sandbox_id):
             contexts = await self.call(sandbox_id, "ctx.list")
             snapshot_id = new_snapshot_id()
-            staging = self.snapshots.staging(snapshot_id)
+            # A fork's capture is thrown away once the children run: keep it off the disk.
+            staging = self.snapshots.staging(snapshot_id, in_memory=hidden)
             frozen = Path(record.disk)
             new_disk = self.snapshots.new_layer(frozen)
             try:
@@ -302,7 +303,7 @@ class SandboxManager:
                 contexts=[c["id"] for c in contexts.get("contexts", [])],
                 hidden=hidden,
             )
-            await self.snapshots.publish(snap, staging)
+            self.snapshots.publish(snap, staging)
         return snap
 
     async def fork(
@@ -414,7 +415,7 @@ class SandboxManager:
             (staging / "manifest.json").unlink()
             vm = {**info["vm"], "kernel": str(built.kernel), "initrd": str(built.initrd)}
             snap = SnapshotRecord(**{**info, "disk": str(backing), "vm": vm})
-            await self.snapshots.publish(snap, staging)
+            self.snapshots.publish(snap, staging)
             return snap
         finally:
             self.snapshots.abandon(staging_id, staging)

@@ -11,30 +11,16 @@ that cannot be restored.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import secrets
 import shutil
-import subprocess
 from pathlib import Path
 
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, NotFound
 
 log = logging.getLogger(__name__)
-
-
-def _persist(staging: Path, temporary: Path, final: Path) -> None:
-    """Copy a captured snapshot to disk (keeping the memory image's holes), then publish it
-    with a rename so that no half-copied directory ever has its final name."""
-    subprocess.run(
-        ["cp", "-r", "--sparse=always", str(staging), str(temporary)],
-        check=True,
-        capture_output=True,
-    )
-    temporary.rename(final)
-    shutil.rmtree(staging)
 
 
 def check_name(name: str) -> str:
@@ -72,12 +58,8 @@ class SnapshotStore:
         self.db.add_layer(str(path), str(backing))
         return path
 
-    def staging(self, snapshot_id: str, in_memory: bool = True) -> Path:
-        """A fresh directory to write a snapshot into, in scratch memory by default.
-
-        Capturing into memory keeps the VM's pause short: the copy to disk happens in
-        :meth:`publish`, after the VM runs again.
-        """
+    def staging(self, snapshot_id: str, in_memory: bool) -> Path:
+        """A fresh directory to write a snapshot into: in scratch memory, or on disk."""
         self._pending.add(snapshot_id)
         parent = self.scratch if in_memory else self.dir
         parent.mkdir(parents=True, exist_ok=True)  # /dev/shm may have been emptied
@@ -90,19 +72,10 @@ class SnapshotStore:
         shutil.rmtree(staging, ignore_errors=True)
         self._pending.discard(snapshot_id)
 
-    async def publish(self, record: SnapshotRecord, staging: Path) -> None:
-        """Move a complete snapshot into place and list it.
-
-        A durable snapshot is copied to disk under a temporary name and renamed into place;
-        a hidden one (a fork's capture) stays in scratch memory.
-        """
+    def publish(self, record: SnapshotRecord, staging: Path) -> None:
+        """Move a complete snapshot into place (a rename) and list it."""
         try:
-            if record.hidden or staging.parent == self.dir:
-                staging.rename(self.path(record.id, hidden=record.hidden))
-            else:
-                await asyncio.to_thread(
-                    _persist, staging, self.dir / staging.name, self.path(record.id, hidden=False)
-                )
+            staging.rename(self.path(record.id, hidden=record.hidden))
             self.db.put_snapshot(record)
             self._records[record.id] = record
         finally:
