@@ -132,11 +132,12 @@ async def test_execute_streams_results_and_errors_to_every_socket(
 
 async def test_rest_interrupt_stops_running_code(engine: EngineProcess, sandbox: Sandbox) -> None:
     ws = await _connect(engine, sandbox.id)
-    request = _execute("import time\nfor _ in range(600): time.sleep(0.1)")
+    request = _execute("import time\nprint('running')\nfor _ in range(600): time.sleep(0.1)")
     ws.write_message(json.dumps(request))
-    while True:  # wait until the cell runs
+    while True:  # wait until the cell's code runs
         frame = json.loads(await ws.read_message() or "{}")
-        if frame["header"]["msg_type"] == "execute_input":
+        kind, parent = frame["header"]["msg_type"], frame["parent_header"].get("msg_id")
+        if kind == "stream" and parent == request["header"]["msg_id"]:
             break
     path = f"/v1/sandboxes/{sandbox.id}/repl/sessions/default/interrupt"
     assert requests.post(engine.url + path, headers=engine.auth, timeout=30).status_code == 204

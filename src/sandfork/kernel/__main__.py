@@ -1,0 +1,5 @@
+"""``python -m sandfork.kernel -f {connection_file}``."""
+
+from sandfork.kernel.app import main
+
+main()

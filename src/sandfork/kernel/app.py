@@ -1,0 +1,98 @@
+"""The kernel's process: options (traitlets config, the kernelspec's argv, the environment),
+the sandbox it runs in, and the relay's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.application import JupyterApp
+from traitlets import Bool, Int, Unicode, default
+
+from sandfork.kernel.proxy import Attachment, KernelProxy
+from sandfork.sdk import Client, Sandbox
+
+
+class SandforkKernelApp(JupyterApp):
+    """``python -m sandfork.kernel -f {connection_file}``; configurable in
+    ``sandfork_kernel_config.py`` like any Jupyter application."""
+
+    name = "sandfork-kernel"
+    description = "A Jupyter kernel whose cells run in a Sandfork sandbox."
+    aliases = {  # noqa: RUF012 (traitlets' own class attribute)
+        "f": "SandforkKernelApp.connection_file",
+        "template": "SandforkKernelApp.template",
+        "memory-mb": "SandforkKernelApp.memory_mb",
+        "cpu": "SandforkKernelApp.cpu",
+        "sandbox-id": "SandforkKernelApp.sandbox_id",
+        "context": "SandforkKernelApp.context",
+    }
+    flags = {  # noqa: RUF012
+        "persistent": ({"SandforkKernelApp": {"persistent": True}}, "Keep the sandbox at shutdown.")
+    }
+
+    connection_file = Unicode(help="The Jupyter connection file to serve.").tag(config=True)
+    template = Unicode("code-interpreter", help="Template of a new sandbox.").tag(config=True)
+    memory_mb = Int(0, help="Memory of a new sandbox in MiB (0: the template's).").tag(config=True)
+    cpu = Int(0, help="CPUs of a new sandbox (0: the template's).").tag(config=True)
+    persistent = Bool(False, help="Keep a new sandbox when the kernel shuts down.").tag(config=True)
+    sandbox_id = Unicode(help="Attach to this running sandbox instead of creating one.").tag(
+        config=True
+    )
+    context = Unicode(help="The code context to run in (default: the sandbox's default).").tag(
+        config=True
+    )
+    engine_url = Unicode(help="The engine's URL (default: as the SDK finds it).").tag(config=True)
+    api_key = Unicode(help="The engine's API key (with engine_url).").tag(config=True)
+
+    @default("sandbox_id")
+    def _sandbox_id_default(self) -> str:
+        return os.environ.get("SANDFORK_SANDBOX_ID", "")
+
+    @default("context")
+    def _context_default(self) -> str:
+        return os.environ.get("SANDFORK_CONTEXT", "default")
+
+    def attachment(self, state: Path) -> Attachment:
+        """The configured sandbox, the one a restarted kernel had, or a new one."""
+        client = Client(self.engine_url or None, self.api_key or None)
+        if self.sandbox_id:
+            return Attachment(Sandbox.get(self.sandbox_id, client), self.context, owned=False)
+        if state.exists():
+            saved: dict[str, Any] = json.loads(state.read_text())
+            sandbox = Sandbox.get(saved["sandbox_id"], client)
+            return Attachment(sandbox, saved["context"], owned=bool(saved["owned"]))
+        sandbox = Sandbox.create(
+            self.template,
+            memory_mb=self.memory_mb or None,
+            cpu=self.cpu or None,
+            persistent=self.persistent,
+            metadata={"created_by": "sandfork-kernel"},
+            client=client,
+        )
+        return Attachment(sandbox, self.context, owned=True)
+
+    def start(self) -> None:
+        """Serve the connection file until the kernel is shut down."""
+        if not self.connection_file:
+            self.exit("the connection file is required: -f {connection_file}")
+        connection = json.loads(Path(self.connection_file).read_text())
+        state = Path(self.connection_file + ".sandfork")
+        asyncio.run(self._serve(connection, self.attachment(state), state))
+
+    async def _serve(self, connection: dict[str, Any], attachment: Attachment, state: Path) -> None:
+        proxy = KernelProxy(connection, attachment, state)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, proxy.stop)
+        # Interrupts come as messages (interrupt_mode: message); a terminal's Ctrl-C is not ours.
+        loop.add_signal_handler(signal.SIGINT, lambda: None)
+        await proxy.run()
+
+
+def main() -> None:
+    """Entry point of ``python -m sandfork.kernel``."""
+    SandforkKernelApp.launch_instance()

@@ -1,0 +1,231 @@
+"""The proxy kernel "Python 3 (Sandfork)" under jupyter_kernel_test's protocol suite, plus
+stdin, interrupt, restart and shutdown, against a real engine and real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jupyter_kernel_test
+import pytest
+from conftest import EngineProcess
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import start_new_kernel
+
+from sandfork.sdk import Sandbox
+
+pytestmark = pytest.mark.vm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine_env(engine: EngineProcess) -> Iterator[None]:
+    """Kernels started in this module find the test engine through the environment."""
+    saved = {k: os.environ.get(k) for k in ("SANDFORK_API", "SANDFORK_API_KEY")}
+    os.environ["SANDFORK_API"], os.environ["SANDFORK_API_KEY"] = engine.url, engine.api_key
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _execute(kc: BlockingKernelClient, code: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run ``code``; return its iopub messages and its reply last."""
+    msg_id = kc.execute(code, **kwargs)
+    reply = kc.get_shell_msg(timeout=60)
+    while reply["parent_header"]["msg_id"] != msg_id:  # a late kernel_info_reply
+        reply = kc.get_shell_msg(timeout=60)
+    messages = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return [*messages, reply]
+
+
+def _stdout(messages: list[dict[str, Any]]) -> str:
+    return "".join(
+        m["content"]["text"]
+        for m in messages
+        if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+    )
+
+
+class SandforkKernelTests(jupyter_kernel_test.KernelTests):
+    """The generic suite: kernel info, execute, streams, errors, completion, inspection..."""
+
+    kernel_name = "sandfork"
+    language_name = "python"
+    file_extension = ".py"
+    code_hello_world = "print('hello, world')"
+    code_stderr = "import sys; print('test', file=sys.stderr)"
+    completion_samples = [{"text": "zi", "matches": {"zip"}}]  # noqa: RUF012
+    complete_code_samples = ["1", "print('hello, world')", "def f(x):\n  return x*2\n\n\n"]  # noqa: RUF012
+    incomplete_code_samples = ["print('''hello", "def f(x):\n  x*2"]  # noqa: RUF012
+    invalid_code_samples = ["import = 7q"]  # noqa: RUF012
+    code_page_something = "zip?"
+    code_generate_error = "raise ValueError('boom')"
+    code_execute_result = [{"code": "1+2+3", "result": "6"}]  # noqa: RUF012
+    code_display_data = [  # noqa: RUF012
+        {
+            "code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))",
+            "mime": "text/html",
+        },
+        {
+            "code": "from IPython.display import Math, display; display(Math('\\\\frac{1}{2}'))",
+            "mime": "text/latex",
+        },
+    ]
+    code_history_pattern = "1?2*"
+    supported_history_operations = ("tail", "search")
+    code_inspect_sample = "zip"
+    code_clear_output = "from IPython.display import clear_output; clear_output()"
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        # Jedi's first inference takes about 100 s in a TCG guest; IPython's own completer
+        # answers at once and the complete_request/reply relay is the same.
+        cls.kc.execute_interactive("%config Completer.use_jedi = False", timeout=60)
+
+    def test_sandfork_kernel_info_is_the_guest_kernel(self) -> None:
+        self.flush_channels()
+        reply = self.kc.kernel_info(reply=True, timeout=60)
+        assert reply["content"]["language_info"]["version"].startswith("3.11")
+        assert reply["content"]["implementation"] == "ipython"
+
+    def test_sandfork_runs_in_the_guest(self) -> None:
+        self.flush_channels()
+        messages = _execute(self.kc, "import socket; print(open('/etc/motd').read())")
+        assert "Sandfork sandbox" in _stdout(messages)
+
+    def test_sandfork_input_over_stdin(self) -> None:
+        self.flush_channels()
+        msg_id = self.kc.execute("name = input('who? '); print('hi', name)", allow_stdin=True)
+        request = self.kc.get_stdin_msg(timeout=60)
+        assert request["msg_type"] == "input_request"
+        assert request["parent_header"]["msg_id"] == msg_id
+        assert request["content"]["prompt"] == "who? "
+        self.kc.input("sandfork")
+        reply = self.kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "ok"
+        out = ""
+        while "hi sandfork" not in out:
+            msg = self.kc.get_iopub_msg(timeout=60)
+            if msg["msg_type"] == "stream":
+                out += msg["content"]["text"]
+
+    def test_sandfork_interrupt_stops_the_guest_cell(self) -> None:
+        self.flush_channels()
+        code = "import time\nprint('running', flush=True)\nfor _ in range(600): time.sleep(0.1)"
+        msg_id = self.kc.execute(code)
+        while True:  # until the cell's code runs (a SIGINT before that is not its)
+            msg = self.kc.get_iopub_msg(timeout=60)
+            if msg["msg_type"] == "stream" and msg["parent_header"]["msg_id"] == msg_id:
+                break
+        started = time.monotonic()
+        self.km.interrupt_kernel()
+        reply = self.kc.get_shell_msg(timeout=60)
+        while reply["parent_header"]["msg_id"] != msg_id:
+            reply = self.kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - started < 30
+
+    def test_sandfork_heartbeat_beats(self) -> None:
+        assert self.kc.is_alive()
+        time.sleep(1.5)
+        assert self.kc.hb_channel.is_beating()
+
+
+def test_restart_keeps_the_sandbox_and_shutdown_kills_it(engine: EngineProcess) -> None:
+    km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
+    try:
+        kc.wait_for_ready(timeout=60)
+        messages = _execute(kc, "import socket; x = 5; print(socket.gethostname())")
+        assert messages[-1]["content"]["status"] == "ok"
+        before = {s.id for s in Sandbox.list(engine.client()) if s.status == "running"}
+        km.restart_kernel()
+        kc.wait_for_ready(timeout=60)
+        messages = _execute(kc, "x")
+        assert messages[-1]["content"]["ename"] == "NameError"
+        after = {s.id for s in Sandbox.list(engine.client()) if s.status == "running"}
+        assert after == before  # the restart made no new sandbox
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
+    remaining = {s.id for s in Sandbox.list(engine.client())}
+    assert not before & remaining  # the kernel's own sandbox is gone
+
+
+def test_attached_kernel_leaves_the_sandbox_alone(engine: EngineProcess) -> None:
+    with Sandbox.create(client=engine.client()) as sandbox:
+        sandbox.create_code_context().run_code("shared = 'from the SDK'")
+        os.environ["SANDFORK_SANDBOX_ID"] = sandbox.id
+        try:
+            km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
+        finally:
+            del os.environ["SANDFORK_SANDBOX_ID"]
+        try:
+            messages = _execute(kc, "print(shared)")
+            assert _stdout(messages) == "from the SDK\n"
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel()
+        assert sandbox.refresh().status == "running"
+
+
+def test_snapshot_restore_fork_and_sandbox_magics(engine: EngineProcess) -> None:
+    km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
+    try:
+        _execute(kc, "x = 1")
+        snap_msgs = _execute(kc, "%snapshot before")
+        snapshot_id = _stdout(snap_msgs).strip()
+        assert snapshot_id.startswith("snap_")
+        _execute(kc, "x = 2")
+        info = _stdout(_execute(kc, "%sandbox"))
+        first = info.split("id: ")[1].split()[0]
+        assert "template: code-interpreter" in info and "memory: " in info
+        restored = _stdout(_execute(kc, f"%restore {snapshot_id}"))
+        assert restored.startswith(f"restored {snapshot_id} into sbx_")
+        result = next(m for m in _execute(kc, "x") if m["msg_type"] == "execute_result")
+        assert result["content"]["data"]["text/plain"] == "1"
+        assert first not in {s.id for s in Sandbox.list(engine.client())}  # the old one is gone
+        children = _stdout(_execute(kc, "%fork 2")).split()
+        assert len(children) == 2
+        for child_id in children:
+            child = Sandbox.get(child_id, engine.client())
+            assert child.create_code_context().run_code("x").text == "1"
+            child.kill()
+        failed = _execute(kc, "%restore nothing")
+        assert failed[-1]["content"]["status"] == "error"
+        assert "usage: %restore" in failed[-1]["content"]["evalue"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
+
+
+def test_a_killed_sandbox_makes_the_kernel_say_so(engine: EngineProcess) -> None:
+    sandbox = Sandbox.create(client=engine.client())
+    os.environ["SANDFORK_SANDBOX_ID"] = sandbox.id
+    try:
+        km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
+    finally:
+        del os.environ["SANDFORK_SANDBOX_ID"]
+    try:
+        sandbox.kill()
+        deadline = time.monotonic() + 30
+        while kc.hb_channel.is_beating() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        reply = _execute(kc, "1")[-1]
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "SandboxUnavailable"
+        assert sandbox.id in reply["content"]["evalue"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
