@@ -3,6 +3,7 @@ stdin, interrupt, restart and shutdown, against a real engine and real sandboxes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -163,20 +164,27 @@ def test_restart_keeps_the_sandbox_and_shutdown_kills_it(engine: EngineProcess) 
     assert not before & remaining  # the kernel's own sandbox is gone
 
 
+@contextlib.contextmanager
+def _attached_kernel(sandbox_id: str) -> Iterator[BlockingKernelClient]:
+    """A Sandfork kernel attached to an existing sandbox; shut down on exit."""
+    os.environ["SANDFORK_SANDBOX_ID"] = sandbox_id
+    try:
+        km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
+    finally:
+        del os.environ["SANDFORK_SANDBOX_ID"]
+    try:
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
+
+
 def test_attached_kernel_leaves_the_sandbox_alone(engine: EngineProcess) -> None:
     with Sandbox.create(client=engine.client()) as sandbox:
         sandbox.create_code_context().run_code("shared = 'from the SDK'")
-        os.environ["SANDFORK_SANDBOX_ID"] = sandbox.id
-        try:
-            km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
-        finally:
-            del os.environ["SANDFORK_SANDBOX_ID"]
-        try:
+        with _attached_kernel(sandbox.id) as kc:
             messages = _execute(kc, "print(shared)")
             assert _stdout(messages) == "from the SDK\n"
-        finally:
-            kc.stop_channels()
-            km.shutdown_kernel()
         assert sandbox.refresh().status == "running"
 
 
@@ -212,12 +220,7 @@ def test_snapshot_restore_fork_and_sandbox_magics(engine: EngineProcess) -> None
 
 def test_a_killed_sandbox_makes_the_kernel_say_so(engine: EngineProcess) -> None:
     sandbox = Sandbox.create(client=engine.client())
-    os.environ["SANDFORK_SANDBOX_ID"] = sandbox.id
-    try:
-        km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
-    finally:
-        del os.environ["SANDFORK_SANDBOX_ID"]
-    try:
+    with _attached_kernel(sandbox.id) as kc:
         sandbox.kill()
         deadline = time.monotonic() + 30
         while kc.hb_channel.is_beating() and time.monotonic() < deadline:
@@ -226,6 +229,3 @@ def test_a_killed_sandbox_makes_the_kernel_say_so(engine: EngineProcess) -> None
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "SandboxUnavailable"
         assert sandbox.id in reply["content"]["evalue"]
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel()
