@@ -10,7 +10,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,15 @@ _AGENT_ERROR_STATUS = {
 }
 
 
-def _api_error(e: AgentError) -> ApiError:
-    return ApiError(e.message, _AGENT_ERROR_STATUS.get(e.type, 500))
+@contextlib.contextmanager
+def _agent_failures(sandbox_id: str) -> Iterator[None]:
+    """Map the agent's errors to API errors: its own by type, no answer as a 409."""
+    try:
+        yield
+    except AgentError as e:
+        raise ApiError(e.message, _AGENT_ERROR_STATUS.get(e.type, 500)) from e
+    except (AgentUnavailable, TimeoutError) as e:
+        raise Conflict(f"sandbox {sandbox_id} did not answer: {e}") from e
 
 
 @dataclass
@@ -477,12 +484,8 @@ class SandboxManager:
     ) -> dict[str, Any]:
         """One agent request, with agent failures mapped to API errors."""
         live = self.live(sandbox_id)
-        try:
+        with _agent_failures(sandbox_id):
             return await live.instance.agent.request(op, args, wait=wait)
-        except AgentError as e:
-            raise _api_error(e) from e
-        except (AgentUnavailable, TimeoutError) as e:
-            raise Conflict(f"sandbox {sandbox_id} did not answer: {e}") from e
 
     def _exec_args(
         self, cmd: str, timeout: float | None, env: dict[str, str], cwd: str | None
@@ -515,15 +518,11 @@ class SandboxManager:
         """Run a shell command, yielding ``stdout``/``stderr`` events and then ``result``."""
         live = self.live(sandbox_id)
         args = self._exec_args(cmd, timeout, env, cwd)
-        try:
+        with _agent_failures(sandbox_id):
             async for event in live.instance.agent.stream(
                 "exec", {**args, "stream": True}, wait=args["timeout"] + 30
             ):
                 yield event
-        except AgentError as e:
-            raise _api_error(e) from e
-        except AgentUnavailable as e:
-            raise Conflict(f"sandbox {sandbox_id} did not answer: {e}") from e
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
         """The bytes of a file in the sandbox."""
@@ -545,11 +544,7 @@ class SandboxManager:
     ) -> dict[str, Any]:
         """Run code in a code context and return its outputs."""
         live = self.live(sandbox_id)
-        try:
+        with _agent_failures(sandbox_id):
             return await live.runner.run(
                 context, code, timeout or self.default_timeout, self.max_output
             )
-        except AgentError as e:
-            raise _api_error(e) from e
-        except AgentUnavailable as e:
-            raise Conflict(f"sandbox {sandbox_id} did not answer: {e}") from e

@@ -35,8 +35,6 @@ Builtin specs live in ``builtin/*.toml`` next to this module; user specs in
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import posixpath
 import re
@@ -119,11 +117,6 @@ class TemplateSpec:
             "setup": list(self.setup),
             "disk_size_mb": self.disk_size_mb,
         }
-
-    def content_hash(self) -> str:
-        """sha256 (hex) of ``build_inputs()``."""
-        blob = json.dumps(self.build_inputs(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as plain data (the TOML document it could have come from)."""
