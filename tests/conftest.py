@@ -19,6 +19,8 @@ import requests
 from sandfork.sdk import Client
 from sandfork.templates import ensure_template
 
+pytest_plugins = ["pytest_jupyter.jupyter_server"]  # jp_fetch & co. for the server extension
+
 
 class EngineProcess:
     """``sandfork serve`` in a subprocess, state under ``home``; restartable."""

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from agent_client import (
     AGENT_SRC,
     AgentClient,
@@ -24,6 +25,8 @@ from agent_client import (
     pid_alive,
     wait_dead,
 )
+
+pytestmark = pytest.mark.asyncio
 
 DEFAULT = "default"
 MARKER = "\n[sandfork: output truncated, {} bytes omitted]\n"
@@ -43,7 +46,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
         assert proc.leaked_kernels == []
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def client(agent: AgentProcess) -> AsyncIterator[AgentClient]:
     """A fresh host connection per test."""
     conn = await AgentClient.connect(agent.socket_path)

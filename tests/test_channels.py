@@ -15,7 +15,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from sandfork.sdk import Sandbox
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.asyncio]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,14 @@ def test_export_then_import_on_another_engine(
     source = Sandbox.create(client=engine.client())
     source.create_code_context().run_code("carried = {'answer': 42}")
     source.filesystem.write("/root/carried.txt", "on disk")
-    snapshot_id = source.snapshot("portable")
+    body = {
+        "name": "portable",
+        "metadata": {"notebook_path": "a.ipynb"},
+        "attachments": {"notebook.ipynb": '{"cells": []}'},
+    }
+    snapshot_id = engine.client().request("POST", f"/sandboxes/{source.id}/snapshots", json=body)[
+        "id"
+    ]
     source.kill()
     file = tmp_path / "snap.sfsnap"
     done = _cli(engine, "snapshot", "export", snapshot_id, str(file))
@@ -45,6 +52,11 @@ def test_export_then_import_on_another_engine(
     client = own_engine.client()
     imported = Snapshot.get(snapshot_id, client=client)
     assert imported.name == "portable"
+    data = client.request("GET", f"/snapshots/{snapshot_id}")
+    assert data["metadata"] == {"notebook_path": "a.ipynb"}
+    assert data["attachments"] == ["notebook.ipynb"]
+    attachment = client.raw("GET", f"/snapshots/{snapshot_id}/attachments/notebook.ipynb")
+    assert attachment.content == b'{"cells": []}'
     restored = Sandbox.create(from_snapshot=snapshot_id, client=client)
     assert restored.create_code_context().run_code("carried['answer']").text == "42"
     assert restored.filesystem.read_text("/root/carried.txt") == "on disk"

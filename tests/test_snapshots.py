@@ -137,6 +137,15 @@ def test_snapshot_management_api(client: Client, engine: EngineProcess) -> None:
         ("POST", f"/v1/sandboxes/{sb.id}/fork-tree", {"count": 0}, 400),
         ("POST", f"/v1/sandboxes/{sb.id}/fork-tree", {"count": 17}, 400),
         ("POST", f"/v1/sandboxes/{sb.id}/snapshots", {"name": 5}, 400),
+        ("POST", f"/v1/sandboxes/{sb.id}/snapshots", {"attachments": {"../x": "a"}}, 400),
+        ("POST", f"/v1/sandboxes/{sb.id}/snapshots", {"attachments": {"a": 5}}, 400),
+        (
+            "POST",
+            f"/v1/sandboxes/{sb.id}/snapshots",
+            {"attachments": {"a": "x" * (2**26 + 1)}},
+            400,
+        ),
+        ("GET", f"/v1/snapshots/{snap.id}/attachments/notebook.ipynb", None, 404),
     ]
     for method, path, body, status in bad:
         response = requests.request(
@@ -144,6 +153,7 @@ def test_snapshot_management_api(client: Client, engine: EngineProcess) -> None:
         )
         assert response.status_code == status, (path, response.text)
         assert response.json()["error"]
+    assert [s.id for s in Snapshot.list(sandbox_id=sb.id, client=client)] == [snap.id]
     sb.kill()
     snap.delete()
 

@@ -34,6 +34,7 @@ from sandfork.engine.handlers.repl import (
 )
 from sandfork.engine.handlers.sandboxes import SandboxesHandler, SandboxHandler
 from sandfork.engine.handlers.snapshots import (
+    AttachmentHandler,
     CheckpointsHandler,
     ExportHandler,
     ForkHandler,
@@ -91,6 +92,7 @@ def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web
         (r"/v1/snapshots", SnapshotsHandler),
         (rf"/v1/snapshots/{_SNAP}", SnapshotHandler),
         (rf"/v1/snapshots/{_SNAP}/export", ExportHandler),
+        (rf"/v1/snapshots/{_SNAP}/attachments/([^/]+)", AttachmentHandler),
         (r"/v1/snapshots/import", ImportHandler),
     ]
     return web.Application(

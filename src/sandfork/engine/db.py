@@ -45,7 +45,9 @@ CREATE TABLE IF NOT EXISTS snapshots (
     contexts TEXT NOT NULL DEFAULT '[]',
     size_bytes INTEGER NOT NULL,
     paused_ms INTEGER NOT NULL DEFAULT 0,
-    hidden INTEGER NOT NULL DEFAULT 0
+    hidden INTEGER NOT NULL DEFAULT 0,
+    metadata TEXT NOT NULL DEFAULT '{}',
+    attachments TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS ledger (
     sandbox_id TEXT NOT NULL,
@@ -124,6 +126,16 @@ class Database:
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns that databases of earlier versions lack."""
+        have = {row["name"] for row in self._conn.execute("PRAGMA table_info(snapshots)")}
+        for column, default in (("metadata", "'{}'"), ("attachments", "'[]'")):
+            if column not in have:
+                self._conn.execute(
+                    f"ALTER TABLE snapshots ADD COLUMN {column} TEXT NOT NULL DEFAULT {default}"
+                )
 
     def close(self) -> None:
         """Close the connection."""
@@ -161,6 +173,8 @@ class Database:
         row["vm"] = json.dumps(snap.vm)
         row["contexts"] = json.dumps(snap.contexts)
         row["hidden"] = int(snap.hidden)
+        row["metadata"] = json.dumps(snap.metadata)
+        row["attachments"] = json.dumps(snap.attachments)
         self._replace("snapshots", row)
 
     def delete_snapshot(self, snapshot_id: str) -> None:
@@ -201,6 +215,8 @@ class SnapshotRecord:
     paused_ms: int = 0
     contexts: list[str] = field(default_factory=list)
     hidden: bool = False
+    metadata: dict[str, str] = field(default_factory=dict)
+    attachments: list[str] = field(default_factory=list)
 
     def to_api(self) -> dict[str, Any]:
         """The snapshot as the HTTP API shows it."""
@@ -216,6 +232,8 @@ class SnapshotRecord:
             "memory_mb": self.vm.get("memory_mb"),
             "cpu": self.vm.get("cpus"),
             "contexts": self.contexts,
+            "metadata": self.metadata,
+            "attachments": self.attachments,
         }
 
 
@@ -232,4 +250,6 @@ def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
     data["vm"] = json.loads(data["vm"])
     data["contexts"] = json.loads(data["contexts"])
     data["hidden"] = bool(data["hidden"])
+    data["metadata"] = json.loads(data["metadata"])
+    data["attachments"] = json.loads(data["attachments"])
     return SnapshotRecord(**data)

@@ -1,10 +1,10 @@
 """Moving a snapshot between machines as one file.
 
 The file is a zstd-compressed tar: the snapshot's device state and memory image, the disk
-layers above the template's root image (bottom first), and ``manifest.json`` last, with the
-size and SHA-256 of every member. The importing machine must have built the same template
-(same boot and root image keys); the layers are re-based onto its copy. A truncated or
-corrupted file fails the import with a clear error and leaves nothing behind.
+layers above the template's root image (bottom first), its attachments, and ``manifest.json``
+last, with the size and SHA-256 of every member. The importing machine must have built the
+same template (same boot and root image keys); the layers are re-based onto its copy. A
+truncated or corrupted file fails the import with a clear error and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ import zstandard
 
 from sandfork.engine.db import SnapshotRecord
 from sandfork.engine.errors import BadRequest
+from sandfork.engine.snapshots import ATTACHMENTS
+
+ATTACHMENT_PREFIX = "attachment."  # attachments travel flat in the tar: attachment.<name>
 
 FORMAT = "sandfork-snapshot/1"
 _CHUNK = 1 << 20
@@ -61,9 +64,10 @@ def export_snapshot(snap: SnapshotRecord, snap_dir: Path, out: Path) -> None:
         zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(raw) as compressed,
         tarfile.open(fileobj=compressed, mode="w|") as tar,
     ):
-        sources = [snap_dir / "devices.state", snap_dir / "memory.img"]
-        names = ["devices.state", "memory.img"] + [f"layer{i}.qcow2" for i in range(len(layers))]
-        for name, path in zip(names, sources + layers, strict=True):
+        files = {"devices.state": snap_dir / "devices.state", "memory.img": snap_dir / "memory.img"}
+        files |= {f"layer{i}.qcow2": layer for i, layer in enumerate(layers)}
+        files |= {ATTACHMENT_PREFIX + a: snap_dir / ATTACHMENTS / a for a in snap.attachments}
+        for name, path in files.items():
             info = tar.gettarinfo(str(path), arcname=name)
             with path.open("rb") as f:
                 reader = _Hashing(f)

@@ -23,7 +23,12 @@ from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, Timeout
 from sandfork.engine.execution import CodeRunner
 from sandfork.engine.ledger import Ledger, now
-from sandfork.engine.snapshots import SnapshotStore, new_snapshot_id
+from sandfork.engine.snapshots import (
+    ATTACHMENTS,
+    SnapshotStore,
+    new_snapshot_id,
+    write_attachments,
+)
 from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, load_spec
 
 log = logging.getLogger(__name__)
@@ -204,11 +209,15 @@ class SandboxManager:
         self, snapshot_id: str, *, metadata: dict[str, str], persistent: bool
     ) -> SandboxRecord:
         """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
-        snap = self.snapshots.get(snapshot_id)
-        capture = Capture(self.snapshots.path(snap.id), snap.vm, Path(snap.disk))
-        record = await self._start(
-            snap.template, capture, metadata=metadata, persistent=persistent, boot_mode="snapshot"
-        )
+        with self.snapshots.in_use(snapshot_id) as snap:
+            capture = Capture(self.snapshots.path(snap.id), snap.vm, Path(snap.disk))
+            record = await self._start(
+                snap.template,
+                capture,
+                metadata=metadata,
+                persistent=persistent,
+                boot_mode="snapshot",
+            )
         record.from_snapshot = snap.id
         self.db.put(record)
         return record
@@ -277,9 +286,19 @@ class SandboxManager:
             (dest / "scratch.qcow2").unlink(missing_ok=True)
 
     async def snapshot(
-        self, sandbox_id: str, name: str | None = None, *, hidden: bool = False
+        self,
+        sandbox_id: str,
+        name: str | None = None,
+        *,
+        hidden: bool = False,
+        metadata: dict[str, str] | None = None,
+        attachments: dict[str, bytes] | None = None,
     ) -> SnapshotRecord:
-        """Capture a running sandbox (it keeps running) into an immutable snapshot."""
+        """Capture a running sandbox (it keeps running) into an immutable snapshot.
+
+        ``attachments`` are files stored with it (a notebook document, say), written before
+        the snapshot is listed: it appears with them or not at all.
+        """
         live = self.live(sandbox_id)
         record = live.record
         async with self._sandbox_lock(sandbox_id):
@@ -287,6 +306,11 @@ class SandboxManager:
             snapshot_id = new_snapshot_id()
             # A fork's capture is thrown away once the children run: keep it off the disk.
             staging = self.snapshots.staging(snapshot_id, in_memory=hidden)
+            try:
+                stored = write_attachments(staging, attachments or {})
+            except ApiError:
+                self.snapshots.abandon(snapshot_id, staging)
+                raise
             frozen = Path(record.disk)
             new_disk = self.snapshots.new_layer(frozen)
             try:
@@ -309,6 +333,8 @@ class SandboxManager:
                 paused_ms=int(paused * 1000),
                 contexts=[c["id"] for c in contexts.get("contexts", [])],
                 hidden=hidden,
+                metadata=metadata or {},
+                attachments=stored,
             )
             self.snapshots.publish(snap, staging)
         return snap
@@ -420,6 +446,9 @@ class SandboxManager:
                 await asyncio.to_thread(exchange.rebase, layer, backing)
                 backing = layer
             (staging / "manifest.json").unlink()
+            for name in info.get("attachments", []):
+                (staging / ATTACHMENTS).mkdir(exist_ok=True)
+                (staging / (exchange.ATTACHMENT_PREFIX + name)).rename(staging / ATTACHMENTS / name)
             vm = {**info["vm"], "kernel": str(built.kernel), "initrd": str(built.initrd)}
             snap = SnapshotRecord(**{**info, "disk": str(backing), "vm": vm})
             self.snapshots.publish(snap, staging)

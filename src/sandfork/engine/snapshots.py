@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import secrets
 import shutil
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
-from sandfork.engine.errors import BadRequest, NotFound
+from sandfork.engine.errors import BadRequest, Conflict, NotFound
 
 log = logging.getLogger(__name__)
+
+ATTACHMENTS = "attachments"  # the folder of a snapshot's attached files
+MAX_ATTACHMENT_BYTES = 64 * 2**20
+_ATTACHMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 def check_name(name: str) -> str:
@@ -28,6 +35,26 @@ def check_name(name: str) -> str:
     if not name or len(name) > 200 or any(ord(c) < 32 for c in name):
         raise BadRequest("a snapshot name must be 1-200 printable characters")
     return name
+
+
+def check_attachment_name(name: str) -> str:
+    """``name`` if it is a valid attachment name (a plain file name), else a 400."""
+    if not _ATTACHMENT_NAME.fullmatch(name):
+        raise BadRequest(
+            f"bad attachment name {name!r}: 1-100 of letters, digits, '.', '_' and '-'"
+        )
+    return name
+
+
+def write_attachments(staging: Path, attachments: dict[str, bytes]) -> list[str]:
+    """Store files with a snapshot being written; returns their names."""
+    if sum(len(data) for data in attachments.values()) > MAX_ATTACHMENT_BYTES:
+        raise BadRequest(f"attachments are limited to {MAX_ATTACHMENT_BYTES >> 20} MiB in all")
+    if attachments:
+        (staging / ATTACHMENTS).mkdir()
+    for name, data in attachments.items():
+        (staging / ATTACHMENTS / check_attachment_name(name)).write_bytes(data)
+    return sorted(attachments)
 
 
 def new_snapshot_id() -> str:
@@ -47,6 +74,7 @@ class SnapshotStore:
             path.mkdir(parents=True, exist_ok=True)
         self._records = {s.id: s for s in db.snapshots()}
         self._pending: set[str] = set()
+        self._in_use: Counter[str] = Counter()  # snapshots being restored right now
         for snap in [s for s in self._records.values() if s.hidden]:
             # A fork's capture lives in scratch memory and only while the fork runs.
             db.delete_snapshot(snap.id)
@@ -87,6 +115,23 @@ class SnapshotStore:
             hidden = self.get(snapshot_id).hidden
         return (self.scratch if hidden else self.dir) / snapshot_id
 
+    def attachment(self, snapshot_id: str, name: str) -> Path:
+        """The file ``name`` stored with a snapshot, or 404."""
+        record = self.get(snapshot_id)
+        if name not in record.attachments:
+            raise NotFound(f"snapshot {snapshot_id} has no attachment {name!r}")
+        return self.path(snapshot_id) / ATTACHMENTS / name
+
+    @contextlib.contextmanager
+    def in_use(self, snapshot_id: str) -> Iterator[SnapshotRecord]:
+        """Hold a snapshot while a sandbox is restored from it: deleting it meanwhile is a 409."""
+        record = self.get(snapshot_id)
+        self._in_use[snapshot_id] += 1
+        try:
+            yield record
+        finally:
+            self._in_use[snapshot_id] -= 1
+
     def get(self, snapshot_id: str) -> SnapshotRecord:
         """A snapshot, or 404."""
         record = self._records.get(snapshot_id)
@@ -114,6 +159,11 @@ class SnapshotStore:
     def delete(self, snapshot_id: str, sandboxes: list[SandboxRecord]) -> None:
         """Delete a snapshot; layers still used by others stay."""
         record = self.get(snapshot_id)
+        if self._in_use[snapshot_id]:
+            raise Conflict(
+                f"snapshot {snapshot_id} is being restored into a new sandbox right now; "
+                "delete it once that has finished"
+            )
         self.db.delete_snapshot(snapshot_id)
         del self._records[snapshot_id]
         shutil.rmtree(self.path(snapshot_id, record.hidden), ignore_errors=True)

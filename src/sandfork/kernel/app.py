@@ -46,6 +46,9 @@ class SandforkKernelApp(JupyterApp):
     context = Unicode(help="The code context to run in (default: the sandbox's default).").tag(
         config=True
     )
+    own_sandbox = Bool(
+        help="Kill the attached sandbox at shutdown, as if the kernel had created it."
+    ).tag(config=True)
     engine_url = Unicode(help="The engine's URL (default: as the SDK finds it).").tag(config=True)
     api_key = Unicode(help="The engine's API key (with engine_url).").tag(config=True)
 
@@ -57,15 +60,20 @@ class SandforkKernelApp(JupyterApp):
     def _context_default(self) -> str:
         return os.environ.get("SANDFORK_CONTEXT", "default")
 
+    @default("own_sandbox")
+    def _own_sandbox_default(self) -> bool:
+        return os.environ.get("SANDFORK_OWN_SANDBOX", "") == "1"
+
     def attachment(self, state: Path) -> Attachment:
         """The configured sandbox, the one a restarted kernel had, or a new one."""
         client = Client(self.engine_url or None, self.api_key or None)
-        if self.sandbox_id:
-            return Attachment(Sandbox.get(self.sandbox_id, client), self.context, owned=False)
-        if state.exists():
+        if state.exists():  # a restart: the sandbox this kernel last ran in (%restore moves it)
             saved: dict[str, Any] = json.loads(state.read_text())
             sandbox = Sandbox.get(saved["sandbox_id"], client)
             return Attachment(sandbox, saved["context"], owned=bool(saved["owned"]))
+        if self.sandbox_id:
+            sandbox = Sandbox.get(self.sandbox_id, client)
+            return Attachment(sandbox, self.context, owned=self.own_sandbox)
         sandbox = Sandbox.create(
             self.template,
             memory_mb=self.memory_mb or None,

@@ -11,7 +11,7 @@ from tornado.http1connection import HTTP1Connection
 
 from sandfork.engine.errors import BadRequest
 from sandfork.engine.handlers.base import ApiHandler, field
-from sandfork.engine.snapshots import check_name
+from sandfork.engine.snapshots import check_attachment_name, check_name
 
 MAX_FORKS = 16
 MAX_IMPORT_BYTES = 64 * 2**30
@@ -25,6 +25,14 @@ def metadata_field(body: dict[str, Any]) -> dict[str, str]:
     return metadata
 
 
+def attachments_field(body: dict[str, Any]) -> dict[str, bytes]:
+    """The optional ``attachments`` object: file names to their text (stored as UTF-8)."""
+    attachments: dict[str, Any] = field(body, "attachments", dict, {})
+    if not all(isinstance(v, str) for v in attachments.values()):
+        raise BadRequest("attachments must map file names to text")
+    return {check_attachment_name(k): v.encode() for k, v in attachments.items()}
+
+
 def name_field(body: dict[str, Any]) -> str | None:
     """The optional snapshot ``name``."""
     name: str | None = field(body, "name", str)
@@ -35,7 +43,13 @@ class SandboxSnapshotsHandler(ApiHandler):
     """``POST`` snapshots a running sandbox (it keeps running); ``GET`` lists its snapshots."""
 
     async def post(self, sandbox_id: str) -> None:
-        snap = await self.manager.snapshot(sandbox_id, name_field(self.json_body()))
+        body = self.json_body()
+        snap = await self.manager.snapshot(
+            sandbox_id,
+            name_field(body),
+            metadata=metadata_field(body),
+            attachments=attachments_field(body),
+        )
         self.write_json(snap.to_api(), 201)
 
     async def get(self, sandbox_id: str) -> None:
@@ -100,6 +114,15 @@ class SnapshotHandler(ApiHandler):
         self.manager.delete_snapshot(snapshot_id)
         self.set_status(204)
         self.finish()
+
+
+class AttachmentHandler(ApiHandler):
+    """``GET``: a file stored with the snapshot (e.g. ``notebook.ipynb``)."""
+
+    async def get(self, snapshot_id: str, name: str) -> None:
+        data = self.manager.snapshots.attachment(snapshot_id, name).read_bytes()
+        self.set_header("Content-Type", "application/octet-stream")
+        self.finish(data)
 
 
 class CheckpointsHandler(ApiHandler):

@@ -1,0 +1,37 @@
+"""The Jupyter Server extension application: configuration and handler registration."""
+
+from __future__ import annotations
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Int, Unicode
+
+from sandfork.jupyter.engine import EngineClient
+from sandfork.jupyter.handlers import HANDLERS
+from sandfork.jupyter.operations import Operations
+from sandfork.jupyter.service import SandforkService
+
+
+class SandforkExtension(ExtensionApp):
+    """Snapshot, restore and fork for notebooks on Sandfork kernels.
+
+    Configure in ``jupyter_server_config.py`` as ``c.SandforkExtension.<trait>``.
+    """
+
+    name = "sandfork"
+    load_other_extensions = True
+
+    engine_url = Unicode(
+        help="The Sandfork engine's URL (default: SANDFORK_API, else the local engine)."
+    ).tag(config=True)
+    api_key = Unicode(help="The engine's API key (with engine_url).").tag(config=True)
+    max_branches = Int(8, help="Most branch notebooks one fork may open.").tag(config=True)
+
+    def initialize_settings(self) -> None:
+        """Make the service the handlers use."""
+        engine = EngineClient(self.engine_url, self.api_key)
+        service = SandforkService(self.serverapp, engine, Operations(), self.max_branches)
+        self.settings["sandfork_service"] = service
+
+    def initialize_handlers(self) -> None:
+        """Register the REST handlers (under the server's base URL)."""
+        self.handlers.extend(HANDLERS)

@@ -1,0 +1,157 @@
+"""REST handlers of the server extension under ``{base_url}sandfork/api/`` (see
+docs/jupyter-api.md). Each is authenticated and authorized like Jupyter Server's own."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyter_client.jsonutil import json_default
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+from sandfork.jupyter.errors import error_message, http_error
+from sandfork.jupyter.service import SandforkService
+
+AUTH_RESOURCE = "sandfork"
+
+
+class SandforkHandler(APIHandler):
+    """Base handler: the service, JSON bodies, and errors with the message verbatim."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def service(self) -> SandforkService:
+        return self.settings["sandfork_service"]  # type: ignore[no-any-return]
+
+    def body(self) -> dict[str, Any]:
+        """The request's JSON object body (empty allowed), else a 400."""
+        if not self.request.body:
+            return {}
+        try:
+            body = json.loads(self.request.body)
+        except ValueError as e:
+            raise http_error(400, f"the body is not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise http_error(400, "the body must be a JSON object")
+        return body
+
+    def require(self, action: str, *resources: str) -> None:
+        """403 unless the user may also do ``action`` on each of ``resources``."""
+        for resource in resources:
+            if not self.authorizer.is_authorized(self, self.current_user, action, resource):
+                raise http_error(403, f"not allowed to {action} {resource}")
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        """Finish with ``data`` as JSON."""
+        self.set_status(status)
+        self.finish(json.dumps(data, default=json_default))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(error, web.HTTPError):
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"message": error_message(error), "reason": error.reason}))
+        else:
+            super().write_error(status_code, **kwargs)
+
+
+class KernelHandler(SandforkHandler):
+    """``GET``: the sandbox behind a Sandfork kernel."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        self.reply(await self.service.kernel(kernel_id))
+
+
+class SnapshotsHandler(SandforkHandler):
+    """``GET``: snapshots and their lineage; ``POST``: snapshot a notebook's sandbox."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply(await self.service.lineage())
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        body = self.body()
+        kernel_id = body.get("kernel_id")
+        if not isinstance(kernel_id, str):
+            raise http_error(400, "field 'kernel_id' is required")
+        snap = await self.service.snapshot(
+            kernel_id, body.get("path"), body.get("notebook"), body.get("name"), _op(body)
+        )
+        self.reply(snap, 201)
+
+
+class SnapshotHandler(SandforkHandler):
+    """``PATCH {"name"}`` renames a snapshot; ``DELETE`` deletes it."""
+
+    @web.authenticated
+    @authorized
+    async def patch(self, snapshot_id: str) -> None:
+        self.reply(await self.service.rename(snapshot_id, self.body().get("name")))
+
+    @web.authenticated
+    @authorized
+    async def delete(self, snapshot_id: str) -> None:
+        await self.service.delete(snapshot_id)
+        self.set_status(204)
+        self.finish()
+
+
+class RestoreHandler(SandforkHandler):
+    """``POST``: restore a snapshot into a new notebook with its own kernel."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, snapshot_id: str) -> None:
+        self.require("write", "contents", "kernels", "sessions")
+        self.reply(await self.service.restore(snapshot_id, _op(self.body())), 201)
+
+
+class ForksHandler(SandforkHandler):
+    """``POST``: fork a notebook's live sandbox into branch notebooks."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        self.require("write", "contents", "kernels", "sessions")
+        body = self.body()
+        kernel_id = body.get("kernel_id")
+        if not isinstance(kernel_id, str):
+            raise http_error(400, "field 'kernel_id' is required")
+        result = await self.service.fork(
+            kernel_id, body.get("path"), body.get("notebook"), body.get("count"), _op(body)
+        )
+        self.reply(result, 201)
+
+
+class OperationHandler(SandforkHandler):
+    """``GET``: progress of a long operation."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, op_id: str) -> None:
+        self.reply(self.service.operations.get(op_id).to_api())
+
+
+def _op(body: dict[str, Any]) -> str | None:
+    op = body.get("operation")
+    if op is not None and not isinstance(op, str):
+        raise http_error(400, "field 'operation' must be a string")
+    return op
+
+
+HANDLERS: list[tuple[str, type[SandforkHandler]]] = [
+    (r"/sandfork/api/kernels/([^/]+)", KernelHandler),
+    (r"/sandfork/api/snapshots", SnapshotsHandler),
+    (r"/sandfork/api/snapshots/([^/]+)", SnapshotHandler),
+    (r"/sandfork/api/snapshots/([^/]+)/restore", RestoreHandler),
+    (r"/sandfork/api/forks", ForksHandler),
+    (r"/sandfork/api/operations/([^/]+)", OperationHandler),
+]

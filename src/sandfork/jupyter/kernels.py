@@ -1,0 +1,123 @@
+"""Sandfork kernels of a Jupyter server: which sandbox each one runs in, and starting new
+kernels attached to a given sandbox (how restores and forks open notebooks)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandfork.jupyter.errors import http_error
+
+KERNEL_NAME = "sandfork"
+ATTACH_TIMEOUT = 120.0  # seconds a new kernel may take to reach its sandbox
+
+
+@dataclass(frozen=True)
+class KernelSandbox:
+    """The sandbox and code context a Sandfork kernel is attached to."""
+
+    kernel_id: str
+    sandbox_id: str
+    context: str
+
+
+def is_sandfork_spec(kernel_spec_manager: Any, name: str) -> bool:
+    """True for the ``sandfork`` kernelspec, or any kernelspec that runs the proxy kernel."""
+    if name == KERNEL_NAME:
+        return True
+    try:
+        argv = kernel_spec_manager.get_kernel_spec(name).argv
+    except Exception:
+        return False
+    return "sandfork.kernel" in argv
+
+
+def _kernel(kernel_manager: Any, kernel_id: str) -> Any:
+    if kernel_id not in kernel_manager:
+        raise http_error(404, f"no kernel {kernel_id!r}")
+    return kernel_manager.get_kernel(kernel_id)
+
+
+def _state_file(kernel: Any) -> Path:
+    # Written by the kernel process (sandfork.kernel.proxy.Attachment.save) once it is attached.
+    return Path(kernel.connection_file + ".sandfork")
+
+
+def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox:
+    """The sandbox behind a kernel; 404 (no kernel), 400 (not Sandfork) or 409 (attaching)."""
+    kernel = _kernel(kernel_manager, kernel_id)
+    if not is_sandfork_spec(kernel_manager.kernel_spec_manager, kernel.kernel_name):
+        raise http_error(
+            400,
+            f"kernel {kernel_id} runs {kernel.kernel_name!r}, not a Sandfork kernel: "
+            "switch the notebook to 'Python 3 (Sandfork)'",
+        )
+    found = _read_state(kernel)
+    if found is None:
+        raise http_error(409, f"kernel {kernel_id} is still starting its sandbox; try again")
+    return KernelSandbox(kernel_id, found[0], found[1])
+
+
+def _read_state(kernel: Any) -> tuple[str, str] | None:
+    try:
+        data = json.loads(_state_file(kernel).read_text())
+        return str(data["sandbox_id"]), str(data["context"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def sandbox_kernels(kernel_manager: Any) -> dict[str, str]:
+    """Sandbox id -> id of the live Sandfork kernel of this server attached to it."""
+    found: dict[str, str] = {}
+    for kernel_id in kernel_manager.list_kernel_ids():
+        with contextlib.suppress(KeyError):
+            state = _read_state(kernel_manager.get_kernel(kernel_id))
+            if state is not None:
+                found[state[0]] = kernel_id
+    return found
+
+
+async def start_attached(
+    kernel_manager: Any, notebook_path: str, sandbox_id: str, context: str
+) -> str:
+    """Start a Sandfork kernel for ``notebook_path`` attached to ``sandbox_id``'s code context,
+    the kernel then owning the sandbox (its shutdown kills it); returns once it is attached."""
+    env = {
+        **os.environ,
+        "JPY_SESSION_NAME": notebook_path,
+        "SANDFORK_SANDBOX_ID": sandbox_id,
+        "SANDFORK_CONTEXT": context,
+        "SANDFORK_OWN_SANDBOX": "1",
+    }
+    kernel_id: str = await kernel_manager.start_kernel(
+        kernel_name=KERNEL_NAME, path=posixpath.dirname(notebook_path), env=env
+    )
+    try:
+        await _wait_attached(kernel_manager, kernel_id, (sandbox_id, context))
+    except BaseException:
+        await shutdown_quietly(kernel_manager, kernel_id)
+        raise
+    return kernel_id
+
+
+async def _wait_attached(kernel_manager: Any, kernel_id: str, target: tuple[str, str]) -> None:
+    kernel = kernel_manager.get_kernel(kernel_id)
+    deadline = asyncio.get_running_loop().time() + ATTACH_TIMEOUT
+    while _read_state(kernel) != target:
+        if not await kernel.is_alive():
+            raise http_error(500, f"the Sandfork kernel for sandbox {target[0]} exited")
+        if asyncio.get_running_loop().time() > deadline:
+            raise http_error(504, f"the kernel did not attach to {target[0]} in time")
+        await asyncio.sleep(0.1)
+
+
+async def shutdown_quietly(kernel_manager: Any, kernel_id: str) -> None:
+    """Shut a kernel down during cleanup, ignoring that it may already be gone."""
+    with contextlib.suppress(Exception):
+        await kernel_manager.shutdown_kernel(kernel_id, now=True)

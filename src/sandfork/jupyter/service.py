@@ -1,0 +1,306 @@
+"""What the server extension does: snapshot a notebook's sandbox with its document, draw the
+lineage, restore a snapshot into a new notebook, fork a live notebook into branches.
+
+Every operation that creates things undoes them if a later step fails: no half-created
+notebook, session, kernel or sandbox is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from jupyter_server.utils import ensure_async
+from tornado import web
+
+from sandfork.jupyter.engine import EngineClient, EngineError
+from sandfork.jupyter.errors import error_message, http_error
+from sandfork.jupyter.kernels import (
+    KERNEL_NAME,
+    attached_sandbox,
+    sandbox_kernels,
+    start_attached,
+)
+from sandfork.jupyter.notebooks import (
+    checked_notebook,
+    checked_path,
+    delete_quietly,
+    free_path,
+    write_notebook,
+)
+from sandfork.jupyter.operations import Operation, Operations
+
+NOTEBOOK = "notebook.ipynb"  # the attachment holding the notebook document of a snapshot
+_SNAPSHOT_ID = re.compile(r"snap_[0-9a-f]{16}")
+
+
+def checked_snapshot_id(snapshot_id: str) -> str:
+    """``snapshot_id`` if it looks like one, else a 404 (it cannot exist)."""
+    if not _SNAPSHOT_ID.fullmatch(snapshot_id):
+        raise http_error(404, f"no snapshot {snapshot_id!r}")
+    return snapshot_id
+
+
+def checked_name(name: Any) -> str | None:
+    """An optional snapshot name: 1-200 printable characters."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise http_error(400, "a snapshot name must be 1-200 printable characters")
+    if any(ord(c) < 32 for c in name):
+        raise http_error(400, "a snapshot name must be 1-200 printable characters")
+    return name.strip()
+
+
+class SandforkService:
+    """The operations behind the handlers, for one Jupyter server."""
+
+    def __init__(
+        self, serverapp: Any, engine: EngineClient, operations: Operations, max_branches: int
+    ) -> None:
+        self.serverapp = serverapp
+        self.engine = engine
+        self.operations = operations
+        self.max_branches = max_branches
+        self._naming = asyncio.Lock()  # picking a free name and writing it is one step
+
+    @property
+    def kernels(self) -> Any:
+        return self.serverapp.kernel_manager
+
+    @property
+    def sessions(self) -> Any:
+        return self.serverapp.session_manager
+
+    @property
+    def contents(self) -> Any:
+        return self.serverapp.contents_manager
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        """An engine request whose failure becomes an HTTP error with the engine's message."""
+        try:
+            return await self.engine.request(method, path, body)
+        except EngineError as e:
+            raise http_error(e.status if e.status < 500 else 502, e.message) from e
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def kernel(self, kernel_id: str) -> dict[str, Any]:
+        """The sandbox behind a Sandfork kernel (for the status bar)."""
+        attached = attached_sandbox(self.kernels, kernel_id)
+        sandbox = await self.call("GET", f"/sandboxes/{attached.sandbox_id}")
+        keep = ("id", "template", "status", "accelerator", "memory_mb", "cpu", "from_snapshot")
+        info = {k: sandbox.get(k) for k in keep} | {"metadata": sandbox.get("metadata", {})}
+        return {"kernel_id": kernel_id, "context": attached.context, "sandbox": info}
+
+    async def lineage(self) -> dict[str, Any]:
+        """Snapshots and the sandboxes they relate to, for the side panel's tree."""
+        snapshots = (await self.call("GET", "/snapshots"))["snapshots"]
+        known = {s["id"]: s for s in (await self.call("GET", "/sandboxes"))["items"]}
+        kernels = sandbox_kernels(self.kernels)
+        paths = {
+            s["kernel"]["id"]: s["path"]
+            for s in await ensure_async(self.sessions.list_sessions())
+            if s.get("kernel")
+        }
+        wanted = {s["sandbox_id"] for s in snapshots} | set(kernels)
+        wanted |= {
+            sid
+            for sid, s in known.items()
+            if s.get("from_snapshot") or s["metadata"].get("fork_parent_id")
+        }
+        pending = list(wanted)
+        while pending:  # a branch's parent belongs in the tree too
+            parent = known.get(pending.pop(), {}).get("metadata", {}).get("fork_parent_id")
+            if parent and parent not in wanted:
+                wanted.add(parent)
+                pending.append(parent)
+        nodes = []
+        for sid in sorted(wanted):
+            s = known.get(sid, {"id": sid, "status": "gone", "metadata": {}})
+            kernel_id = kernels.get(sid)
+            nodes.append(
+                {
+                    "id": sid,
+                    "status": s["status"],
+                    "created_at": s.get("created_at"),
+                    "from_snapshot": s.get("from_snapshot"),
+                    "forked_from": s["metadata"].get("fork_parent_id"),
+                    "notebook_path": paths.get(kernel_id or "")
+                    or s["metadata"].get("notebook_path"),
+                    "kernel_id": kernel_id,
+                }
+            )
+        return {"snapshots": [_snapshot_entry(s) for s in snapshots], "sandboxes": nodes}
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    async def snapshot(
+        self, kernel_id: str, path: Any, notebook: Any, name: Any, op_id: str | None
+    ) -> dict[str, Any]:
+        """Snapshot the sandbox behind ``kernel_id`` with the notebook document as sent."""
+        path, document, name = checked_path(path), checked_notebook(notebook), checked_name(name)
+        attached = attached_sandbox(self.kernels, kernel_id)
+        async with self._operation(op_id, f"Snapshot of {path}", 1) as op:
+            op.advance("capturing memory, devices and disk")
+            snap = await self.call(
+                "POST",
+                f"/sandboxes/{attached.sandbox_id}/snapshots",
+                {
+                    "name": name,
+                    "metadata": {
+                        "notebook_path": path,
+                        "kernel_id": kernel_id,
+                        "created_by": "jupyterlab",
+                    },
+                    "attachments": {NOTEBOOK: json.dumps(document)},
+                },
+            )
+        return _snapshot_entry(snap)
+
+    async def rename(self, snapshot_id: str, name: Any) -> dict[str, Any]:
+        """Give a snapshot a new name."""
+        checked_snapshot_id(snapshot_id)
+        if name is None:
+            raise http_error(400, "field 'name' is required")
+        body = {"name": checked_name(name)}
+        return _snapshot_entry(await self.call("PATCH", f"/snapshots/{snapshot_id}", body))
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Delete a snapshot (the engine refuses while a restore from it runs)."""
+        await self.call("DELETE", f"/snapshots/{checked_snapshot_id(snapshot_id)}")
+
+    # -- new notebooks -------------------------------------------------------------------
+
+    async def restore(self, snapshot_id: str, op_id: str | None) -> dict[str, Any]:
+        """A new notebook (the stored document) on a kernel in a sandbox restored from the
+        snapshot."""
+        checked_snapshot_id(snapshot_id)
+        async with self._operation(op_id, f"Restore of {snapshot_id}", 4) as op:
+            op.advance("reading the snapshot")
+            snap = await self.call("GET", f"/snapshots/{snapshot_id}")
+            if NOTEBOOK not in snap.get("attachments", []):
+                raise http_error(
+                    400,
+                    f"snapshot {snapshot_id} has no notebook stored with it (it was not taken "
+                    f"from JupyterLab); restore it in a notebook with %restore {snapshot_id}",
+                )
+            try:
+                raw = await self.engine.fetch_bytes(
+                    f"/snapshots/{snapshot_id}/attachments/{NOTEBOOK}"
+                )
+            except EngineError as e:
+                raise http_error(502, e.message) from e
+            document = json.loads(raw)
+            original = snap["metadata"].get("notebook_path") or "Untitled.ipynb"
+            op.advance("restoring the sandbox (memory, devices, disk)")
+            sandbox = await self.call(
+                "POST",
+                "/sandboxes",
+                {
+                    "from_snapshot": snapshot_id,
+                    "metadata": {"created_by": "jupyterlab", "restored_for": original},
+                },
+            )
+            async with contextlib.AsyncExitStack() as undo:
+                undo.push_async_callback(self._kill_sandbox, sandbox["id"])
+                branch = await self._open(undo, op, original, "restored", document, sandbox["id"])
+                undo.pop_all()
+        return branch
+
+    async def fork(
+        self, kernel_id: str, path: Any, notebook: Any, count: Any, op_id: str | None
+    ) -> dict[str, Any]:
+        """``count`` branch notebooks, each on a kernel in its own fork of the live sandbox."""
+        path, document = checked_path(path), checked_notebook(notebook)
+        if count is None:
+            count = 1
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise http_error(400, "field 'count' must be an integer")
+        if not 1 <= count <= self.max_branches:
+            raise http_error(400, f"count must be from 1 to {self.max_branches}")
+        attached = attached_sandbox(self.kernels, kernel_id)
+        async with self._operation(op_id, f"Fork of {path}", 1 + 2 * count) as op:
+            op.advance(f"forking the sandbox into {count}")
+            result = await self.call(
+                "POST",
+                f"/sandboxes/{attached.sandbox_id}/fork-tree",
+                {"count": count, "metadata": {"created_by": "jupyterlab", "branch_of": path}},
+            )
+            children = [child["id"] for child in result["children"]]
+            async with contextlib.AsyncExitStack() as undo:
+                for child in children:
+                    undo.push_async_callback(self._kill_sandbox, child)
+                branches = [
+                    await self._open(undo, op, path, "branch", document, child, attached.context)
+                    for child in children
+                ]
+                undo.pop_all()
+        return {"branches": branches}
+
+    async def _open(
+        self,
+        undo: contextlib.AsyncExitStack,
+        op: Operation,
+        original: str,
+        suffix: str,
+        document: dict[str, Any],
+        sandbox_id: str,
+        context: str = "default",
+    ) -> dict[str, Any]:
+        """Write ``document`` under a free name next to ``original`` and open a session on it
+        with a kernel attached to ``sandbox_id``; registers the undo steps on ``undo``."""
+        op.advance("writing the notebook")
+        async with self._naming:
+            path = await free_path(self.contents, original, suffix)
+            await write_notebook(self.contents, path, document)
+        undo.push_async_callback(delete_quietly, self.contents, path)
+        op.advance("starting the kernel")
+        kernel_id = await start_attached(self.kernels, path, sandbox_id, context)
+        try:
+            session = await self.sessions.create_session(
+                path=path, name=path, type="notebook", kernel_name=KERNEL_NAME, kernel_id=kernel_id
+            )
+        except BaseException:
+            await self.kernels.shutdown_kernel(kernel_id, now=True)
+            raise
+        undo.push_async_callback(self._delete_session, session["id"])
+        return {"path": path, "sandbox_id": sandbox_id, "kernel_id": kernel_id, "session": session}
+
+    async def _delete_session(self, session_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.sessions.delete_session(session_id)
+
+    async def _kill_sandbox(self, sandbox_id: str) -> None:
+        with contextlib.suppress(EngineError):
+            await self.engine.request("DELETE", f"/sandboxes/{sandbox_id}")
+
+    @contextlib.asynccontextmanager
+    async def _operation(
+        self, op_id: str | None, title: str, total: int
+    ) -> AsyncIterator[Operation]:
+        op = self.operations.start(op_id, title, total)
+        try:
+            yield op
+        except web.HTTPError as e:
+            self.operations.finish(op, error_message(e))
+            raise
+        except Exception as e:
+            self.operations.finish(op, str(e) or type(e).__name__)
+            raise
+        self.operations.finish(op)
+
+
+def _snapshot_entry(snap: dict[str, Any]) -> dict[str, Any]:
+    metadata = snap.get("metadata", {})
+    keep = ("id", "name", "created_at", "size_bytes", "paused_ms", "memory_mb", "sandbox_id")
+    return {k: snap.get(k) for k in keep} | {
+        "parent_id": snap.get("parent_id"),
+        "notebook_path": metadata.get("notebook_path"),
+        "kernel_id": metadata.get("kernel_id"),
+        "has_notebook": NOTEBOOK in snap.get("attachments", []),
+    }
