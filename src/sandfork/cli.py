@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shlex
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from sandfork.paths import cache_dir, state_dir
+from sandfork.paths import cache_dir, runtime_dir, state_dir
 
 console = Console()
 
@@ -46,6 +47,19 @@ def _env(args: argparse.Namespace) -> int:
     pairs |= {"PANDASTACK_API": url, "PANDASTACK_API_KEY": key}
     print("export " + " ".join(f"{k}={v}" for k, v in pairs.items()))
     return 0
+
+
+def _lab(args: argparse.Namespace) -> int:
+    from sandfork.sdk.connection import resolve
+
+    with console.status("finding or starting the Sandfork engine…"):
+        conn = resolve(auto_start=True)
+    console.print(f"[green]engine[/] {conn.url} (log: {runtime_dir() / 'engine.log'})")
+    env = {**os.environ, "SANDFORK_API": conn.url, "SANDFORK_API_KEY": conn.api_key}
+    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.ip={args.ip}", "--no-browser"]
+    if os.geteuid() == 0:  # the documented setup runs as root (a VM host needs /dev/kvm)
+        argv.append("--allow-root")
+    os.execvpe(argv[0], [*argv, *args.lab_args], env)
 
 
 def _template_build(args: argparse.Namespace) -> int:
@@ -192,7 +206,7 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         ok = False
         console.print(
-            "[red]✗[/] QEMU: qemu-system-x86_64 not installed (scripts/install-system-deps.sh)"
+            "[red]✗[/] QEMU: qemu-system-x86_64 not installed (bash scripts/setup.sh)"
         )
     for tool in ("qemu-img", "debootstrap", "mke2fs"):
         mark = "[green]✓[/]" if shutil.which(tool) else "[red]✗[/]"
@@ -230,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="boot every sandbox instead of restoring its template's pre-booted snapshot",
     )
     serve.set_defaults(func=_serve)
+
+    lab = sub.add_parser(
+        "lab", help="start JupyterLab on this engine (the engine starts in the background)"
+    )
+    lab.add_argument("--ip", default="127.0.0.1", help="address JupyterLab listens on")
+    lab.epilog = "Other options are passed to `jupyter lab` (e.g. --port=8890)."
+    lab.set_defaults(func=_lab)
 
     env = sub.add_parser(
         "env", help="print exports pointing SDKs at the engine (starts it if needed)"
@@ -301,7 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``sandfork`` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "lab":  # everything sandfork does not know goes to `jupyter lab`
+        args.lab_args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from sandfork.sdk.errors import SandforkError
 
     try:
