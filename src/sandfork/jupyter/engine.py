@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 
 from sandfork.sdk.connection import Connection, resolve
 
@@ -46,6 +46,14 @@ class EngineClient:
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         """Send ``method /v1{path}`` with a JSON body; return the decoded answer (None for 204)."""
+        response = await self._send(method, path, body)
+        return json.loads(response.body) if response.body else None
+
+    async def fetch_bytes(self, path: str) -> bytes:
+        """``GET /v1{path}`` as raw bytes (e.g. a snapshot's attachment)."""
+        return bytes((await self._send("GET", path, None)).body)
+
+    async def _send(self, method: str, path: str, body: Any) -> HTTPResponse:
         conn = await self.connection()
         request = HTTPRequest(
             f"{conn.url}/v1{path}",
@@ -55,28 +63,13 @@ class EngineClient:
             request_timeout=self.timeout,
         )
         try:
-            response = await self._http.fetch(request)
+            return await self._http.fetch(request)
         except HTTPClientError as e:
             raise EngineError(e.code, _message(e)) from e
         except OSError as e:
+            # A local engine may have been restarted elsewhere: look for it again next time.
+            self._connection = None
             raise EngineError(502, f"could not reach the Sandfork engine at {conn.url}: {e}") from e
-        return json.loads(response.body) if response.body else None
-
-    async def fetch_bytes(self, path: str) -> bytes:
-        """``GET /v1{path}`` as raw bytes (e.g. a snapshot's attachment)."""
-        conn = await self.connection()
-        request = HTTPRequest(
-            f"{conn.url}/v1{path}",
-            headers={"Authorization": f"Bearer {conn.api_key}"},
-            request_timeout=self.timeout,
-        )
-        try:
-            response = await self._http.fetch(request)
-        except HTTPClientError as e:
-            raise EngineError(e.code, _message(e)) from e
-        except OSError as e:
-            raise EngineError(502, f"could not reach the Sandfork engine at {conn.url}: {e}") from e
-        return bytes(response.body)
 
 
 def _message(error: HTTPClientError) -> str:
