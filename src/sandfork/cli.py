@@ -205,9 +205,7 @@ def _doctor(args: argparse.Namespace) -> int:
         console.print(f"[green]✓[/] QEMU: {version}")
     else:
         ok = False
-        console.print(
-            "[red]✗[/] QEMU: qemu-system-x86_64 not installed (bash scripts/setup.sh)"
-        )
+        console.print("[red]✗[/] QEMU: qemu-system-x86_64 not installed (bash scripts/setup.sh)")
     for tool in ("qemu-img", "debootstrap", "mke2fs"):
         mark = "[green]✓[/]" if shutil.which(tool) else "[red]✗[/]"
         ok = ok and bool(shutil.which(tool))
