@@ -26,8 +26,6 @@ from agent_client import (
     wait_dead,
 )
 
-pytestmark = pytest.mark.asyncio
-
 DEFAULT = "default"
 MARKER = "\n[sandfork: output truncated, {} bytes omitted]\n"
 
@@ -114,6 +112,7 @@ def test_imports_as_sandfork_agent() -> None:
 # --- framing and basics -----------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_ping(client: AgentClient, agent: AgentProcess) -> None:
     started = time.monotonic()
     result = await client.request("ping")
@@ -124,6 +123,7 @@ async def test_ping(client: AgentClient, agent: AgentProcess) -> None:
     assert isinstance(result["boot_id"], str)
 
 
+@pytest.mark.asyncio
 async def test_ping_is_answered_while_the_default_kernel_starts(tmp_path: Path) -> None:
     proc = AgentProcess(tmp_path)
     proc.start()
@@ -141,6 +141,7 @@ async def test_ping_is_answered_while_the_default_kernel_starts(tmp_path: Path) 
         assert proc.stop() == 0, proc.log()
 
 
+@pytest.mark.asyncio
 async def test_malformed_lines_are_ignored(client: AgentClient) -> None:
     await client.write_raw(b'this is not json\n[1, 2]\n{"op": "ping"}\n{"id": "x"}\n\n')
     await client.write_raw(b'{"id": 99, "op": ')  # a frame cut off mid-way...
@@ -195,6 +196,7 @@ def test_virtio_port_mode(tmp_path: Path) -> None:
     assert "Traceback" not in proc.log()
 
 
+@pytest.mark.asyncio
 async def test_bad_requests(client: AgentClient) -> None:
     assert (await client.call("no.such.op")).error_type == "BadRequest"
     assert (await client.call("exec")).error_type == "BadRequest"
@@ -208,6 +210,7 @@ async def test_bad_requests(client: AgentClient) -> None:
 # --- exec -----------------------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_exec_exit_code_and_output(client: AgentClient) -> None:
     result = await client.request("exec", cmd="echo out; echo err >&2; exit 3")
     assert result["exit_code"] == 3
@@ -218,6 +221,7 @@ async def test_exec_exit_code_and_output(client: AgentClient) -> None:
     assert result["duration_ms"] >= 0
 
 
+@pytest.mark.asyncio
 async def test_exec_is_fast(client: AgentClient) -> None:
     timings = []
     for _ in range(5):
@@ -227,12 +231,14 @@ async def test_exec_is_fast(client: AgentClient) -> None:
     assert min(timings) < 0.1, timings
 
 
+@pytest.mark.asyncio
 async def test_exec_signal_exit_and_invalid_utf8(client: AgentClient) -> None:
     assert (await client.request("exec", cmd="kill -9 $$"))["exit_code"] == 137
     result = await client.request("exec", cmd="printf 'a\\377b'")
     assert result["stdout"] == "a\ufffdb"
 
 
+@pytest.mark.asyncio
 async def test_exec_env_and_cwd(client: AgentClient, tmp_path: Path) -> None:
     result = await client.request(
         "exec", cmd='echo "$GREETING"; pwd; echo "$PATH"', env={"GREETING": "hi"}, cwd=str(tmp_path)
@@ -245,6 +251,7 @@ async def test_exec_env_and_cwd(client: AgentClient, tmp_path: Path) -> None:
     assert missing.error_type == "NotFound"
 
 
+@pytest.mark.asyncio
 async def test_exec_streams_before_the_reply(client: AgentClient) -> None:
     reply = await client.call(
         "exec", cmd="echo one; echo warn >&2; sleep 0.5; echo two", stream=True
@@ -257,6 +264,7 @@ async def test_exec_streams_before_the_reply(client: AgentClient) -> None:
     assert reply.received_at - first_at > 0.3
 
 
+@pytest.mark.asyncio
 async def test_exec_timeout_kills_the_process_group(client: AgentClient) -> None:
     started = time.monotonic()
     result = await client.request(
@@ -269,6 +277,7 @@ async def test_exec_timeout_kills_the_process_group(client: AgentClient) -> None
     assert wait_dead(background, 2.0)
 
 
+@pytest.mark.asyncio
 async def test_exec_does_not_wait_for_background_processes(client: AgentClient) -> None:
     started = time.monotonic()
     result = await client.request("exec", cmd="sleep 5 & echo $!")
@@ -276,6 +285,7 @@ async def test_exec_does_not_wait_for_background_processes(client: AgentClient) 
     os.kill(int(result["stdout"]), signal.SIGKILL)
 
 
+@pytest.mark.asyncio
 async def test_exec_output_cap(client: AgentClient) -> None:
     big = 3_000_000
     result = await client.request(
@@ -295,6 +305,7 @@ async def test_exec_output_cap(client: AgentClient) -> None:
     assert (await client.request("ping"))["pid"]
 
 
+@pytest.mark.asyncio
 async def test_requests_run_concurrently(client: AgentClient) -> None:
     slow = await client.start("exec", cmd="sleep 1")
     started = time.monotonic()
@@ -308,6 +319,7 @@ async def test_requests_run_concurrently(client: AgentClient) -> None:
 # --- files ----------------------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_files_roundtrip(client: AgentClient, tmp_path: Path) -> None:
     payload = bytes(range(256)) * 100
     target = tmp_path / "a" / "b" / "data.bin"
@@ -333,6 +345,7 @@ async def test_files_roundtrip(client: AgentClient, tmp_path: Path) -> None:
     assert (await client.request("fs.stat", path=str(tmp_path / "a")))["is_dir"] is True
 
 
+@pytest.mark.asyncio
 async def test_files_delete(client: AgentClient, tmp_path: Path) -> None:
     (tmp_path / "d" / "e").mkdir(parents=True)
     (tmp_path / "d" / "e" / "f.txt").write_text("x")
@@ -348,6 +361,7 @@ async def test_files_delete(client: AgentClient, tmp_path: Path) -> None:
     assert not (tmp_path / "d").exists() and not (tmp_path / "empty").exists()
 
 
+@pytest.mark.asyncio
 async def test_file_errors(client: AgentClient, tmp_path: Path) -> None:
     missing = str(tmp_path / "missing")
     (tmp_path / "file").write_text("x")
@@ -369,12 +383,14 @@ def _has_cap_sys_time() -> bool:
     return False
 
 
+@pytest.mark.asyncio
 async def test_sys_reseed(client: AgentClient) -> None:
     entropy = base64.b64encode(os.urandom(64)).decode()
     assert await client.request("sys.reseed", entropy=entropy) == {}
     assert (await client.call("sys.reseed", entropy="!")).error_type == "BadRequest"
 
 
+@pytest.mark.asyncio
 async def test_sys_set_time_needs_privilege(client: AgentClient, agent: AgentProcess) -> None:
     assert (await client.call("sys.set_time", epoch_ns=-1)).error_type == "BadRequest"
     if not _has_cap_sys_time():
@@ -404,6 +420,7 @@ async def test_sys_set_time_needs_privilege(client: AgentClient, agent: AgentPro
 # --- code contexts --------------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_default_context_keeps_state(client: AgentClient, agent: AgentProcess) -> None:
     assert (await client.request("ctx.create"))["id"] == DEFAULT
     await kernel_pid(client, agent, DEFAULT)
@@ -417,12 +434,14 @@ async def test_default_context_keeps_state(client: AgentClient, agent: AgentProc
     assert {"id": DEFAULT, "language": "python", "status": "running"} in listed["contexts"]
 
 
+@pytest.mark.asyncio
 async def test_errors_are_forwarded(client: AgentClient) -> None:
     run = await client.execute(DEFAULT, "1 / 0")
     assert run.error_name == "ZeroDivisionError"
     assert run.reply["content"]["status"] == "error"
 
 
+@pytest.mark.asyncio
 async def test_input_via_stdin_channel(client: AgentClient) -> None:
     run = await client.execute(
         DEFAULT, "answer = input('who? ')\nprint('hello', answer)", stdin_answer="sandfork"
@@ -430,6 +449,7 @@ async def test_input_via_stdin_channel(client: AgentClient) -> None:
     assert run.stdout.endswith("hello sandfork\n")
 
 
+@pytest.mark.asyncio
 async def test_ctx_send_errors(client: AgentClient) -> None:
     msg = {"header": {"msg_id": "x", "msg_type": "kernel_info_request"}, "content": {}}
     unknown = await client.call("ctx.send", context="nope", channel="shell", msg=msg)
@@ -440,6 +460,7 @@ async def test_ctx_send_errors(client: AgentClient) -> None:
     assert no_header.error_type == "BadRequest"
 
 
+@pytest.mark.asyncio
 async def test_isolated_context(client: AgentClient, agent: AgentProcess) -> None:
     await client.execute(DEFAULT, "only_in_default = 1")
     created = await client.request("ctx.create", isolated=True)
@@ -459,6 +480,7 @@ async def test_isolated_context(client: AgentClient, agent: AgentProcess) -> Non
     assert gone.error_type == "NotFound"
 
 
+@pytest.mark.asyncio
 async def test_interrupt(client: AgentClient) -> None:
     msg_id = await client.send_execute(
         DEFAULT, "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"
@@ -477,6 +499,7 @@ async def test_interrupt(client: AgentClient) -> None:
     assert run.error_name == "KeyboardInterrupt"
 
 
+@pytest.mark.asyncio
 async def test_restart_clears_state(client: AgentClient, agent: AgentProcess) -> None:
     before = await kernel_pid(client, agent, DEFAULT)
     await client.execute(DEFAULT, "before_restart = 1")
@@ -491,6 +514,7 @@ async def test_restart_clears_state(client: AgentClient, agent: AgentProcess) ->
     assert [c["id"] for c in listed["contexts"]] == [DEFAULT]
 
 
+@pytest.mark.asyncio
 async def test_kernel_death_is_reported_and_next_send_restarts(
     client: AgentClient, agent: AgentProcess
 ) -> None:
@@ -510,6 +534,7 @@ async def test_kernel_death_is_reported_and_next_send_restarts(
     assert await kernel_pid(client, agent, DEFAULT) != pid
 
 
+@pytest.mark.asyncio
 async def test_kernel_that_cannot_start(tmp_path: Path) -> None:
     fake = tmp_path / "fake"
     fake.mkdir()
@@ -537,6 +562,7 @@ async def test_kernel_that_cannot_start(tmp_path: Path) -> None:
         assert proc.stop() == 0, proc.log()
 
 
+@pytest.mark.asyncio
 async def test_reconnect_keeps_agent_and_kernels(agent: AgentProcess, tmp_path: Path) -> None:
     first = await AgentClient.connect(agent.socket_path)
     await first.execute(DEFAULT, "across_reconnect = 'still here'")
@@ -557,6 +583,7 @@ async def test_reconnect_keeps_agent_and_kernels(agent: AgentProcess, tmp_path: 
         await second.close()
 
 
+@pytest.mark.asyncio
 async def test_stop_kills_kernels(tmp_path: Path) -> None:
     proc = AgentProcess(tmp_path)
     proc.start()
@@ -571,6 +598,7 @@ async def test_stop_kills_kernels(tmp_path: Path) -> None:
     assert proc.leaked_kernels == []
 
 
+@pytest.mark.asyncio
 async def test_many_events_in_flight(client: AgentClient) -> None:
     run = await client.execute(DEFAULT, "for i in range(2000): print(i)")
     assert run.stdout.splitlines()[-1] == "1999"
