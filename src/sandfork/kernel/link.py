@@ -6,31 +6,85 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from jupyter_client.jsonutil import json_default
 from tornado.httpclient import HTTPRequest
-from tornado.websocket import WebSocketClientConnection, websocket_connect
+from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
 from sandfork.sdk import Client
 
-FrameHandler = Callable[[dict[str, Any]], None]
-"""Called with each frame of the channels: ``{"channel", "header", ..., "buffers"}``."""
+log = logging.getLogger(__name__)
+
+_MAX_MESSAGE = 1 << 30  # tornado's default (10 MiB) would drop the link on a large output
+_DECODER = json.JSONDecoder()
+_PARTS = ("header", "parent_header", "metadata", "content")
 
 
-def encode_buffers(buffers: list[Any]) -> list[str]:
+@dataclass
+class GuestMessage:
+    """A message of the guest kernel, as a frame of the channels carried it."""
+
+    channel: str
+    header: dict[str, Any]
+    parent_header: dict[str, Any]
+    parts: list[bytes]  # header, parent header, metadata and content: JSON, as in the frame
+    buffers: list[bytes]
+
+
+FrameHandler = Callable[[GuestMessage], None]
+
+
+def encode_buffers(buffers: Sequence[Any]) -> list[str]:
     """Binary message buffers as the base64 strings the channels carry."""
-    return [base64.b64encode(bytes(b)).decode() for b in buffers]
+    return [base64.b64encode(b).decode() for b in buffers]
 
 
-def decode_buffers(buffers: list[str]) -> list[bytes]:
-    """The channels' base64 buffers as bytes."""
-    return [base64.b64decode(b) for b in buffers]
+def parse_frame(text: str | bytes) -> GuestMessage:
+    """A frame of the channels, its message parts kept as the JSON text they are in the frame
+    (the relay re-signs them; decoding and encoding them again would only cost time)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    values: dict[str, Any] = {}
+    parts = dict.fromkeys(_PARTS, "{}")  # the JSON text of each part
+    i = _skip_space(text, 0)
+    if text[i : i + 1] != "{":
+        raise ValueError("the frame is not a JSON object")
+    i = _skip_space(text, i + 1)
+    while text[i : i + 1] != "}":
+        key, i = _DECODER.raw_decode(text, i)
+        i = _skip_space(text, i)
+        if text[i : i + 1] != ":":
+            raise ValueError(f"the frame has no ':' at {i}")
+        start = _skip_space(text, i + 1)
+        values[key], i = _DECODER.raw_decode(text, start)
+        if key in parts:
+            parts[key] = text[start:i]
+        i = _skip_space(text, i)
+        if text[i : i + 1] == ",":
+            i = _skip_space(text, i + 1)
+    return GuestMessage(
+        channel=values.get("channel") or "iopub",
+        header=values.get("header") or {},
+        parent_header=values.get("parent_header") or {},
+        parts=[parts[name].encode() for name in _PARTS],
+        buffers=[base64.b64decode(b) for b in values.get("buffers") or []],
+    )
+
+
+def _skip_space(text: str, i: int) -> int:
+    while text[i : i + 1].isspace():
+        i += 1
+    return i
 
 
 class SandboxLink:
-    """The channels of ``context`` in ``sandbox_id``; frames go to ``on_frame``."""
+    """The channels of ``context`` in ``sandbox_id``; frames go to ``on_frame``.
+
+    Frames are handled as they arrive, in tornado's read loop: no queue, no task per frame.
+    """
 
     def __init__(
         self, client: Client, sandbox_id: str, context: str, on_frame: FrameHandler
@@ -40,7 +94,6 @@ class SandboxLink:
         self.context = context
         self._on_frame = on_frame
         self._ws: WebSocketClientConnection | None = None
-        self._reader: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
 
     @property
@@ -51,35 +104,57 @@ class SandboxLink:
         """Connect the channels (raises when the engine refuses or cannot be reached)."""
         url = self.client.url.replace("http", "ws", 1) + "/v1" + self._path + "/channels"
         headers = {"Authorization": str(self.client.session.headers["Authorization"])}
-        self._ws = await websocket_connect(HTTPRequest(url, headers=headers))
-        self.closed.clear()
-        self._reader = asyncio.create_task(self._read(self._ws))
+        self._ws = None
+        self.closed.clear()  # before connecting: a close may arrive before this resumes
+        try:
+            self._ws = await websocket_connect(
+                HTTPRequest(url, headers=headers),
+                on_message_callback=self._on_message,
+                max_message_size=_MAX_MESSAGE,
+            )
+        except BaseException:
+            self.closed.set()
+            raise
+        if self._ws.protocol is not None:  # None if the engine has closed it already
+            self._ws.protocol.set_nodelay(True)  # a frame per request: never wait for an ACK
 
     @property
     def connected(self) -> bool:
         """True while the channels are open."""
         return self._ws is not None and not self.closed.is_set()
 
-    async def _read(self, ws: WebSocketClientConnection) -> None:
-        try:
-            while (raw := await ws.read_message()) is not None:
-                self._on_frame(json.loads(raw))
-        finally:
+    def _on_message(self, raw: str | bytes | None) -> None:
+        if raw is None:
             self.closed.set()
+            return
+        try:
+            message = parse_frame(raw)
+        except ValueError as e:
+            log.warning("dropping a frame of the channels that is not a message: %s", e)
+            return
+        self._on_frame(message)
 
-    async def send(self, channel: str, msg: dict[str, Any], buffers: list[Any]) -> None:
-        """Send one message to the context's kernel on ``channel``."""
-        if self._ws is None or self.closed.is_set():
+    def send(self, channel: str, parts: Sequence[bytes], buffers: Sequence[Any]) -> None:
+        """Send one message to the context's kernel on ``channel``.
+
+        ``parts`` are its header, parent header, metadata and content, each already JSON (as
+        on the wire of ZMQ): they are spliced into the frame, not decoded and encoded again.
+        """
+        ws = self._ws
+        if ws is None or self.closed.is_set():
             raise ConnectionError(f"the channels of sandbox {self.sandbox_id} are closed")
-        frame = {
-            "channel": channel,
-            "header": msg["header"],
-            "parent_header": msg["parent_header"],
-            "metadata": msg["metadata"],
-            "content": msg["content"],
-            "buffers": encode_buffers(buffers),
-        }
-        await self._ws.write_message(json.dumps(frame, default=json_default))
+        header, parent, metadata, content = (p.decode("utf8", "replace") for p in parts)
+        frame = (
+            f'{{"channel":"{channel}","header":{header},"parent_header":{parent},'
+            f'"metadata":{metadata},"content":{content},'
+            f'"buffers":{json.dumps(encode_buffers(buffers))}}}'
+        )
+        try:
+            written = ws.write_message(frame)
+        except WebSocketClosedError as e:
+            raise ConnectionError(f"the channels of sandbox {self.sandbox_id} closed") from e
+        # A write that fails later means the connection dropped, which closes the link too.
+        written.add_done_callback(lambda f: None if f.cancelled() else f.exception())
 
     async def interrupt(self) -> None:
         """Interrupt the code running in the context."""
@@ -89,11 +164,9 @@ class SandboxLink:
         """Restart the context's kernel (same sandbox, fresh interpreter)."""
         await asyncio.to_thread(self.client.request, "POST", self._path + "/restart")
 
-    async def close(self) -> None:
+    def close(self) -> None:
         """Close the channels; the sandbox is left as it is."""
         ws, self._ws = self._ws, None
         if ws is not None:
             ws.close()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
         self.closed.set()

@@ -1,8 +1,10 @@
 """The proxy's own magics: ``%snapshot``, ``%fork``, ``%restore`` and ``%sandbox``.
 
-A cell that is exactly one of these lines is handled by the proxy, through the SDK, before it
-reaches the guest kernel; the guest then runs a one-line stand-in that prints the outcome (or
-raises it as an error), so execution counts, history and busy/idle stay the guest's own.
+One of these on the first line of a cell is handled by the proxy, through the SDK, before the
+cell reaches the guest kernel; the guest then runs the cell with a one-line stand-in in the
+magic's place, which prints the outcome (or raises it as an error, and the rest of the cell does
+not run), so execution counts, history, line numbers and busy/idle stay the guest's own. The
+rest of the cell runs after the magic: after ``%restore``, in the restored sandbox.
 """
 
 from __future__ import annotations
@@ -12,11 +14,24 @@ from dataclasses import dataclass
 
 from sandfork.sdk import Sandbox, SandforkError
 
-_MAGIC = re.compile(r"\A\s*%(snapshot|fork|restore|sandbox)(?:[ \t]+(.*?))?\s*\Z")
+_MAGIC = re.compile(
+    r"\A(?P<lead>\s*?)[ \t]*%(?P<name>snapshot|fork|restore|sandbox)(?:[ \t]+(?P<arg>[^\n]*?))?"
+    r"[ \t\r]*(?:\n|\Z)"
+)
 
 
 class MagicError(Exception):
     """A magic was misused or failed; its message is shown to the user."""
+
+
+@dataclass
+class Magic:
+    """A proxy magic on the first line of a cell, and the code after it."""
+
+    name: str
+    argument: str
+    lead: str  # the blank lines before the magic's line
+    rest: str
 
 
 @dataclass
@@ -27,14 +42,18 @@ class Outcome:
     sandbox: Sandbox | None = None
 
 
-def parse(code: str) -> tuple[str, str] | None:
-    """``(name, argument)`` when the cell is one proxy magic line, else ``None``."""
+def parse(code: str) -> Magic | None:
+    """The proxy magic on the first line of ``code`` (blank lines aside), if there is one."""
     match = _MAGIC.match(code)
-    return None if match is None else (match.group(1), match.group(2) or "")
+    if match is None:
+        return None
+    lead = "\n" * match["lead"].count("\n")
+    return Magic(match["name"], match["arg"] or "", lead, code[match.end() :])
 
 
-def run(name: str, argument: str, sandbox: Sandbox) -> Outcome:
-    """Run magic ``name`` against ``sandbox``; raises :class:`MagicError` on misuse."""
+def run(magic: Magic, sandbox: Sandbox) -> Outcome:
+    """Run ``magic`` against ``sandbox``; raises :class:`MagicError` on misuse."""
+    name, argument = magic.name, magic.argument
     try:
         if name == "snapshot":
             return Outcome(sandbox.snapshot(argument or None))
@@ -73,8 +92,10 @@ def _count(argument: str) -> int:
     return int(argument)
 
 
-def stand_in(outcome: Outcome | MagicError) -> str:
-    """The code the guest runs in the magic's place: print the text, or raise the error."""
+def stand_in(magic: Magic, outcome: Outcome | MagicError) -> str:
+    """The cell the guest runs: the magic's line prints the text, or raises the error."""
     if isinstance(outcome, MagicError):
-        return f"raise RuntimeError({str(outcome)!r}) from None"
-    return f"print({outcome.text!r})"
+        line = f"raise RuntimeError({str(outcome)!r}) from None"
+    else:
+        line = f"print({outcome.text!r})"
+    return magic.lead + line + ("\n" + magic.rest if magic.rest else "")

@@ -3,25 +3,32 @@ sandbox's code context through a :class:`~sandfork.kernel.link.SandboxLink`.
 
 Messages are verified with the connection file's key and re-signed with it on the way back;
 the guest's messages keep their ids and parents, so replies route to the client that asked.
+
+The relay is synchronous wherever it can be: the sockets are drained by event-loop reader
+callbacks and a message goes on to the WebSocket in the same callback (its JSON parts spliced in
+as they are), and the guest's frames go out on ZMQ in tornado's read callback. Only requests
+the proxy handles itself (magics, interrupt, shutdown) run as tasks, and their channel waits
+for them, so that messages keep their order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import zmq
-import zmq.asyncio
-from jupyter_client.session import Session
+from jupyter_client.session import DELIM, Session
 from tornado.httpclient import HTTPClientError
 
 from sandfork.kernel import magics
-from sandfork.kernel.link import SandboxLink, decode_buffers
+from sandfork.kernel.link import GuestMessage, SandboxLink
 from sandfork.sdk import Sandbox, SandforkError
 
 log = logging.getLogger(__name__)
@@ -43,19 +50,57 @@ class Attachment:
         path.write_text(json.dumps(data))
 
 
+@dataclass
+class Request:
+    """A client's message, verified; its JSON parts are relayed as they were signed."""
+
+    channel: str
+    idents: list[bytes]
+    header: dict[str, Any]
+    parts: list[bytes]  # header, parent header, metadata and content: JSON
+    buffers: list[bytes]
+
+    def content(self) -> dict[str, Any]:
+        """The decoded content (only a few requests need it)."""
+        content: dict[str, Any] = json.loads(self.parts[3])
+        return content
+
+
+class RelaySession(Session):
+    """A session that checks a client's messages without decoding more than their header."""
+
+    def receive(self, channel: str, frames: list[bytes]) -> Request:
+        """The request in ``frames``; raises ``ValueError`` (or ``TypeError``, ``KeyError``)
+        unless it is well-formed and signed with the key, once, as ``deserialize`` requires."""
+        split = frames.index(DELIM)
+        signature, *parts = frames[split + 1 :]
+        if len(parts) < 4:
+            raise ValueError("malformed message")
+        if self.auth is not None:
+            if signature in self.digest_history:
+                raise ValueError(f"duplicate signature {signature!r}")
+            if not hmac.compare_digest(signature, self.sign(parts[:4])):
+                raise ValueError(f"invalid signature {signature!r}")
+            self._add_digest(signature)
+        header: dict[str, Any] = json.loads(parts[0])
+        if not isinstance(header["msg_id"], str) or not isinstance(header["msg_type"], str):
+            raise TypeError("a header without msg_id or msg_type")
+        return Request(channel, frames[:split], header, parts[:4], parts[4:])
+
+
 class KernelProxy:
     """Relays one Jupyter connection file's sockets to a sandbox's code context."""
 
     def __init__(self, connection: dict[str, Any], attachment: Attachment, state: Path) -> None:
         self.attachment = attachment
         self.state = state
-        self.session = Session(
+        self.session = RelaySession(
             key=connection["key"].encode(),
             signature_scheme=connection.get("signature_scheme", "hmac-sha256"),
             username="sandfork",
         )
-        self._zmq = zmq.asyncio.Context()
-        self._sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._zmq = zmq.Context()
+        self._sockets: dict[str, zmq.Socket[bytes]] = {}
         kinds = {
             "shell": zmq.ROUTER,
             "control": zmq.ROUTER,
@@ -70,6 +115,7 @@ class KernelProxy:
             sock.bind(f"{base}:{connection[name + '_port']}")
             self._sockets[name] = sock
         self._routes: dict[str, list[bytes]] = {}  # request msg_id -> client identities
+        self._held: dict[str, asyncio.Task[None]] = {}  # channel -> the request it waits for
         self._link = self._new_link()
         self._stop = asyncio.Event()
         self._closing = False  # a shutdown request is being served
@@ -84,20 +130,20 @@ class KernelProxy:
         """Relay until a shutdown request (or :meth:`stop`)."""
         await self._link.open()
         self.attachment.save(self.state)
-        tasks = [
-            asyncio.create_task(self._serve_shell()),
-            asyncio.create_task(self._serve_control()),
-            asyncio.create_task(self._serve_stdin()),
-            asyncio.create_task(self._serve_heartbeat()),
-            asyncio.create_task(self._keep_linked()),
-        ]
+        loop = asyncio.get_running_loop()
+        for channel in ("shell", "control", "stdin", "hb"):
+            loop.add_reader(self._sockets[channel].FD, self._drain, channel)
+        keep_linked = asyncio.create_task(self._keep_linked())
         try:
             await self._stop.wait()
         finally:
+            for channel in ("shell", "control", "stdin", "hb"):
+                loop.remove_reader(self._sockets[channel].FD)
+            tasks = [keep_linked, *self._held.values()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self._link.close()
+            self._link.close()
             for sock in self._sockets.values():
                 sock.close()
             self._zmq.term()
@@ -106,78 +152,79 @@ class KernelProxy:
         """End :meth:`run`."""
         self._stop.set()
 
-    async def _receive(self, channel: str) -> tuple[list[bytes], dict[str, Any]] | None:
-        frames = await self._sockets[channel].recv_multipart(copy=True)
-        idents, parts = self.session.feed_identities(frames, copy=True)
-        try:
-            return idents, self.session.deserialize(parts, content=True, copy=True)
-        except ValueError as e:
-            log.warning("dropping a %s message that does not verify: %s", channel, e)
-            return None
+    def _drain(self, channel: str) -> None:
+        """Handle every message waiting on ``channel`` (ZMQ's descriptor is edge-triggered:
+        it wakes us once for any number of messages, and a send on the socket can eat it)."""
+        sock = self._sockets[channel]
+        while not self._stop.is_set() and cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            if channel in self._held:  # the wake-up is taken all the same: no busy loop
+                return
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            if channel == "hb":  # echoed only while the sandbox's channels are up: its health
+                if self._link.connected:
+                    sock.send_multipart(frames)
+                continue
+            try:
+                request = self.session.receive(channel, frames)
+            except (ValueError, TypeError, KeyError) as e:
+                log.warning("dropping a malformed or unsigned %s message: %s", channel, e)
+                continue
+            work = self._handle(request)
+            if work is not None:
+                self._hold(channel, work)
 
-    async def _forward(self, channel: str, idents: list[bytes], msg: dict[str, Any]) -> None:
-        if msg["header"]["msg_type"].endswith("_request"):
-            self._routes[msg["header"]["msg_id"]] = idents
+    def _handle(self, request: Request) -> Coroutine[Any, Any, None] | None:
+        """Forward a client's message, or return the work of one the proxy answers itself."""
+        kind = request.header["msg_type"]
+        if request.channel == "control" and kind == "interrupt_request":
+            return self._interrupt(request)
+        if request.channel == "control" and kind == "shutdown_request":
+            return self._shutdown(request)
+        if kind == "execute_request":
+            magic = magics.parse(request.content().get("code", ""))
+            if magic is not None:
+                return self._run_magic(request, magic)
+        self._forward(request)
+        return None
+
+    def _hold(self, channel: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work``; ``channel`` is not read until it is done."""
+        task = asyncio.create_task(work)
+        self._held[channel] = task
+
+        def release(_: asyncio.Task[None]) -> None:
+            del self._held[channel]
+            if not task.cancelled() and task.exception() is not None:
+                log.error("handling a %s request failed", channel, exc_info=task.exception())
+            self._drain(channel)
+
+        task.add_done_callback(release)
+
+    def _forward(self, request: Request) -> None:
+        if request.header["msg_type"].endswith("_request"):
+            self._routes[request.header["msg_id"]] = request.idents
         try:
-            await self._link.send(channel, msg, msg.get("buffers", []))
+            self._link.send(request.channel, request.parts, request.buffers)
         except ConnectionError as e:
-            await self._reply_unreachable(channel, idents, msg, str(e))
-
-    async def _serve_shell(self) -> None:
-        while True:
-            received = await self._receive("shell")
-            if received is None:
-                continue
-            idents, msg = received
-            if msg["header"]["msg_type"] == "execute_request":
-                await self._apply_magic(msg)
-            await self._forward("shell", idents, msg)
-
-    async def _serve_stdin(self) -> None:
-        while True:
-            received = await self._receive("stdin")
-            if received is not None:
-                await self._forward("stdin", *received)
-
-    async def _serve_control(self) -> None:
-        while True:
-            received = await self._receive("control")
-            if received is None:
-                continue
-            idents, msg = received
-            kind = msg["header"]["msg_type"]
-            if kind == "interrupt_request":
-                await self._interrupt(idents, msg)
-            elif kind == "shutdown_request":
-                await self._shutdown(idents, msg)
-            else:
-                await self._forward("control", idents, msg)
-
-    async def _serve_heartbeat(self) -> None:
-        """Echo pings only while the sandbox's channels are up: the heartbeat is its health."""
-        hb = self._sockets["hb"]
-        while True:
-            frames = await hb.recv_multipart()
-            if self._link.connected:
-                await hb.send_multipart(frames)
+            self._reply_unreachable(request, str(e))
 
     # -- control -------------------------------------------------------------------------
 
-    async def _interrupt(self, idents: list[bytes], msg: dict[str, Any]) -> None:
+    async def _interrupt(self, request: Request) -> None:
         content: dict[str, Any] = {"status": "ok"}
         try:
             await self._link.interrupt()
         except SandforkError as e:
             content = {"status": "error", "ename": "InterruptFailed", "evalue": str(e)}
             content["traceback"] = []
-        self._send("control", "interrupt_reply", content, msg, idents)
+        self._reply(request, "interrupt_reply", content)
 
-    async def _shutdown(self, idents: list[bytes], msg: dict[str, Any]) -> None:
+    async def _shutdown(self, request: Request) -> None:
         """``restart``: a fresh guest kernel in the same sandbox, for the next process.
 
         Otherwise the sandbox is killed, unless it is persistent or not the kernel's own.
         """
-        restart = bool(msg["content"].get("restart"))
+        restart = bool(request.content().get("restart"))
         sandbox = self.attachment.sandbox
         self._closing = True
         try:
@@ -187,36 +234,39 @@ class KernelProxy:
             else:
                 self.state.unlink(missing_ok=True)
                 if self.attachment.owned and not sandbox.persistent:
-                    await self._link.close()
+                    self._link.close()
                     await asyncio.to_thread(sandbox.kill)
         except SandforkError as e:
             log.warning("shutdown of sandbox %s: %s", sandbox.id, e)
-        self._send("control", "shutdown_reply", {"status": "ok", "restart": restart}, msg, idents)
-        self._publish("shutdown_reply", {"status": "ok", "restart": restart}, msg)
+        self._reply(request, "shutdown_reply", {"status": "ok", "restart": restart})
+        self._publish("shutdown_reply", {"status": "ok", "restart": restart}, request.header)
         self.stop()
 
     # -- magics --------------------------------------------------------------------------
 
-    async def _apply_magic(self, msg: dict[str, Any]) -> None:
-        parsed = magics.parse(msg["content"].get("code", ""))
-        if parsed is None:
-            return
+    async def _run_magic(self, request: Request, magic: magics.Magic) -> None:
+        """Run a proxy magic, then have the guest run its stand-in in the request's place."""
         outcome: magics.Outcome | magics.MagicError
         try:
-            outcome = await asyncio.to_thread(magics.run, *parsed, self.attachment.sandbox)
+            outcome = await asyncio.to_thread(magics.run, magic, self.attachment.sandbox)
         except magics.MagicError as e:
             outcome = e
         if isinstance(outcome, magics.Outcome) and outcome.sandbox is not None:
             await self._repoint(outcome.sandbox)
-        msg["content"]["code"] = magics.stand_in(outcome)
+        content = {**request.content(), "code": magics.stand_in(magic, outcome)}
+        request.parts[3] = self.session.pack(content)
+        self._forward(request)
 
     async def _repoint(self, sandbox: Sandbox) -> None:
         """Run on ``sandbox`` from now on; the previous one goes if it was the kernel's own."""
         old = self.attachment
         self.attachment = Attachment(sandbox, old.context, owned=True)
         previous, self._link = self._link, self._new_link()
-        await previous.close()
-        await self._link.open()
+        previous.close()
+        try:
+            await self._link.open()
+        except (HTTPClientError, OSError) as e:  # _keep_linked tries again
+            log.warning("cannot reach sandbox %s yet: %s", sandbox.id, e)
         self.attachment.save(self.state)
         if old.owned and not old.sandbox.persistent:
             with contextlib.suppress(SandforkError):
@@ -224,60 +274,54 @@ class KernelProxy:
 
     # -- from the guest --------------------------------------------------------------------
 
-    def _from_guest(self, frame: dict[str, Any]) -> None:
-        channel = frame.pop("channel", "iopub")
-        buffers = decode_buffers(frame.pop("buffers", None) or [])
-        msg_type = frame["header"].get("msg_type", "")
-        if channel == "iopub":
-            topic = f"kernel.sandfork.{msg_type}".encode()
-            self._emit("iopub", frame, [topic], buffers)
+    def _from_guest(self, message: GuestMessage) -> None:
+        msg_type = message.header.get("msg_type", "")
+        if message.channel == "iopub":
+            self._relay("iopub", [f"kernel.sandfork.{msg_type}".encode()], message)
             return
-        parent = (frame.get("parent_header") or {}).get("msg_id", "")
+        parent = message.parent_header.get("msg_id", "")
         idents = self._routes.get(parent)
         if idents is None:
-            log.debug("no client for a %s %s", channel, msg_type)
+            log.debug("no client for a %s %s", message.channel, msg_type)
             return
-        if channel in ("shell", "control") and msg_type.endswith("_reply"):
+        if message.channel in ("shell", "control") and msg_type.endswith("_reply"):
             del self._routes[parent]
-        self._emit(channel, frame, idents, buffers)
+        self._relay(message.channel, idents, message)
 
-    def _emit(
-        self, channel: str, msg: dict[str, Any], idents: list[bytes], buffers: list[bytes]
-    ) -> None:
-        frames = self.session.serialize(msg, idents)
-        self._sockets[channel].send_multipart([*frames, *buffers], copy=True)
+    def _relay(self, channel: str, idents: list[bytes], message: GuestMessage) -> None:
+        """Send the guest's message on, its JSON as it came, signed with the client's key."""
+        signature = self.session.sign(message.parts)
+        self._send(channel, [*idents, DELIM, signature, *message.parts, *message.buffers])
 
-    def _send(
-        self,
-        channel: str,
-        msg_type: str,
-        content: dict[str, Any],
-        parent: dict[str, Any],
-        idents: list[bytes],
-    ) -> None:
-        msg = self.session.msg(msg_type, content, parent=parent["header"])
-        self._emit(channel, msg, idents, [])
+    def _emit(self, channel: str, msg: dict[str, Any], idents: list[bytes]) -> None:
+        self._send(channel, self.session.serialize(msg, idents))
+
+    def _send(self, channel: str, frames: list[bytes]) -> None:
+        self._sockets[channel].send_multipart(frames, copy=False)
+        if channel != "iopub":  # a send can swallow the wake-up of a message waiting to be read
+            asyncio.get_running_loop().call_soon(self._drain, channel)
+
+    def _reply(self, request: Request, msg_type: str, content: dict[str, Any]) -> None:
+        msg = self.session.msg(msg_type, content, parent=request.header)
+        self._emit(request.channel, msg, request.idents)
 
     def _publish(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
-        self._send("iopub", msg_type, content, parent, [f"kernel.sandfork.{msg_type}".encode()])
+        msg = self.session.msg(msg_type, content, parent=parent)
+        self._emit("iopub", msg, [f"kernel.sandfork.{msg_type}".encode()])
 
-    async def _reply_unreachable(
-        self, channel: str, idents: list[bytes], msg: dict[str, Any], reason: str
-    ) -> None:
+    def _reply_unreachable(self, request: Request, reason: str) -> None:
         """Answer a request the sandbox cannot get, so that no client waits for ever."""
-        self._routes.pop(msg["header"]["msg_id"], None)
-        kind = msg["header"]["msg_type"]
-        if not kind.endswith("_request") or channel == "stdin":
+        self._routes.pop(request.header["msg_id"], None)
+        kind = request.header["msg_type"]
+        if not kind.endswith("_request") or request.channel == "stdin":
             return
         evalue = f"the sandbox {self.attachment.sandbox.id} cannot be reached: {reason}"
         error = {"ename": "SandboxUnavailable", "evalue": evalue, "traceback": [evalue]}
-        self._publish("status", {"execution_state": "busy"}, msg)
+        self._publish("status", {"execution_state": "busy"}, request.header)
         if kind == "execute_request":
-            self._publish("error", error, msg)
-        self._publish("status", {"execution_state": "idle"}, msg)
-        self._send(
-            channel, kind[: -len("request")] + "reply", {"status": "error", **error}, msg, idents
-        )
+            self._publish("error", error, request.header)
+        self._publish("status", {"execution_state": "idle"}, request.header)
+        self._reply(request, kind[: -len("request")] + "reply", {"status": "error", **error})
 
     # -- staying connected -----------------------------------------------------------------
 
@@ -297,7 +341,9 @@ class KernelProxy:
                 try:
                     await link.open()
                 except HTTPClientError as e:
-                    if e.code == 404:  # the sandbox was deleted: nothing to wait for
+                    # 404: deleted; 409: its VM died (an engine answers only once it has
+                    # adopted its running sandboxes): either way there is nothing to wait for
+                    if e.code in (404, 409):
                         break
                     await asyncio.sleep(1.0)
                 except OSError as e:
@@ -306,10 +352,6 @@ class KernelProxy:
             if link is self._link and not link.connected:
                 reason = f"sandbox {link.sandbox_id} is gone; restart the kernel"
                 log.error(reason)
-                self._publish("stream", {"name": "stderr", "text": reason + "\n"}, _no_parent())
-                self._publish("status", {"execution_state": "dead"}, _no_parent())
+                self._publish("stream", {"name": "stderr", "text": reason + "\n"}, {})
+                self._publish("status", {"execution_state": "dead"}, {})
                 return
-
-
-def _no_parent() -> dict[str, Any]:
-    return {"header": {}}
