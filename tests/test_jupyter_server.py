@@ -272,6 +272,23 @@ async def test_a_failed_restore_leaves_nothing_behind(
     assert after == sandboxes
 
 
+@pytest.mark.vm
+async def test_a_restore_whose_folder_is_gone_lands_in_the_root(
+    jp_fetch: Fetch, jp_root_dir: Path
+) -> None:
+    (jp_root_dir / "old").mkdir()
+    kernel = await _start_session(jp_fetch, "old/nb.ipynb", "sandfork")
+    await _attached(jp_fetch, kernel)
+    body = {"kernel_id": kernel, "path": "old/nb.ipynb", "notebook": _notebook("z = 7")}
+    status, snap = await _call(jp_fetch, "POST", "sandfork/api/snapshots", body)
+    assert status == 201, snap
+    (jp_root_dir / "old").rmdir()
+    status, restored = await _call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore")
+    assert status == 201, restored
+    assert restored["path"] == "nb-restored-1.ipynb"
+    assert (jp_root_dir / "nb-restored-1.ipynb").exists()
+
+
 # -- helpers ---------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import posixpath
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -197,6 +198,9 @@ class SandforkService:
                 raise http_error(502, e.message) from e
             document = json.loads(raw)
             original = snap["metadata"].get("notebook_path") or "Untitled.ipynb"
+            folder = posixpath.dirname(original)
+            if folder and not await ensure_async(self.contents.dir_exists(folder)):
+                original = posixpath.basename(original)  # its folder is gone: use the root
             op.advance("restoring the sandbox (memory, devices, disk)")
             sandbox = await self.call(
                 "POST",
