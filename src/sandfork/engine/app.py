@@ -48,13 +48,14 @@ from sandfork.engine.handlers.snapshots import (
 )
 from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
 from sandfork.engine.manager import SandboxManager
+from sandfork.engine.snapshots import SNAPSHOT_ID
 from sandfork.paths import cache_dir, state_dir
 
 log = logging.getLogger(__name__)
 
 _SBX = r"(sbx_[0-9a-f]{16})"
 _CTX = r"([A-Za-z0-9_-]{1,64})"
-_SNAP = r"(snap_[0-9a-f]{16})"
+_SNAP = f"({SNAPSHOT_ID})"
 
 
 class NotFoundHandler(ApiHandler):

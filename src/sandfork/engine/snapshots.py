@@ -57,6 +57,9 @@ def write_attachments(staging: Path, attachments: dict[str, bytes]) -> list[str]
     return sorted(attachments)
 
 
+SNAPSHOT_ID = r"snap_[0-9a-f]{16}"  # what new_snapshot_id makes
+
+
 def new_snapshot_id() -> str:
     """A fresh, unguessable snapshot id."""
     return "snap_" + secrets.token_hex(8)

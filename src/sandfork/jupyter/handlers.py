@@ -79,11 +79,8 @@ class SnapshotsHandler(SandforkHandler):
     @authorized
     async def post(self) -> None:
         body = self.body()
-        kernel_id = body.get("kernel_id")
-        if not isinstance(kernel_id, str):
-            raise http_error(400, "field 'kernel_id' is required")
         snap = await self.service.snapshot(
-            kernel_id, body.get("path"), body.get("notebook"), body.get("name"), _op(body)
+            _kernel_id(body), body.get("path"), body.get("notebook"), body.get("name"), _op(body)
         )
         self.reply(snap, 201)
 
@@ -122,11 +119,8 @@ class ForksHandler(SandforkHandler):
     async def post(self) -> None:
         self.require("write", "contents", "kernels", "sessions")
         body = self.body()
-        kernel_id = body.get("kernel_id")
-        if not isinstance(kernel_id, str):
-            raise http_error(400, "field 'kernel_id' is required")
         result = await self.service.fork(
-            kernel_id, body.get("path"), body.get("notebook"), body.get("count"), _op(body)
+            _kernel_id(body), body.get("path"), body.get("notebook"), body.get("count"), _op(body)
         )
         self.reply(result, 201)
 
@@ -138,6 +132,13 @@ class OperationHandler(SandforkHandler):
     @authorized
     async def get(self, op_id: str) -> None:
         self.reply(self.service.operations.get(op_id).to_api())
+
+
+def _kernel_id(body: dict[str, Any]) -> str:
+    kernel_id = body.get("kernel_id")
+    if not isinstance(kernel_id, str):
+        raise http_error(400, "field 'kernel_id' is required")
+    return kernel_id
 
 
 def _op(body: dict[str, Any]) -> str | None:

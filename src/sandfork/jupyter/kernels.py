@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import posixpath
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sandfork.jupyter.errors import http_error
+from sandfork.kernel.state import load_state, state_file
 
 KERNEL_NAME = "sandfork"
 ATTACH_TIMEOUT = 120.0  # seconds a new kernel may take to reach its sandbox
@@ -44,11 +43,6 @@ def _kernel(kernel_manager: Any, kernel_id: str) -> Any:
     return kernel_manager.get_kernel(kernel_id)
 
 
-def _state_file(kernel: Any) -> Path:
-    # Written by the kernel process (sandfork.kernel.proxy.Attachment.save) once it is attached.
-    return Path(kernel.connection_file + ".sandfork")
-
-
 def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox:
     """The sandbox behind a kernel; 404 (no kernel), 400 (not Sandfork) or 409 (attaching)."""
     kernel = _kernel(kernel_manager, kernel_id)
@@ -65,11 +59,12 @@ def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox:
 
 
 def _read_state(kernel: Any) -> tuple[str, str] | None:
+    """(sandbox id, context) once the kernel has attached, else None."""
     try:
-        data = json.loads(_state_file(kernel).read_text())
-        return str(data["sandbox_id"]), str(data["context"])
-    except (OSError, ValueError, KeyError):
+        data = load_state(state_file(kernel.connection_file))
+    except (OSError, ValueError):
         return None
+    return None if data is None else (str(data["sandbox_id"]), str(data["context"]))
 
 
 def sandbox_kernels(kernel_manager: Any) -> dict[str, str]:

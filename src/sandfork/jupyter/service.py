@@ -18,6 +18,8 @@ from typing import Any
 from jupyter_server.utils import ensure_async
 from tornado import web
 
+from sandfork.engine.errors import BadRequest
+from sandfork.engine.snapshots import SNAPSHOT_ID, check_name
 from sandfork.jupyter.engine import EngineClient, EngineError
 from sandfork.jupyter.errors import error_message, http_error
 from sandfork.jupyter.kernels import (
@@ -36,7 +38,7 @@ from sandfork.jupyter.notebooks import (
 from sandfork.jupyter.operations import Operation, Operations
 
 NOTEBOOK = "notebook.ipynb"  # the attachment holding the notebook document of a snapshot
-_SNAPSHOT_ID = re.compile(r"snap_[0-9a-f]{16}")
+_SNAPSHOT_ID = re.compile(SNAPSHOT_ID)
 
 
 def checked_snapshot_id(snapshot_id: str) -> str:
@@ -47,14 +49,16 @@ def checked_snapshot_id(snapshot_id: str) -> str:
 
 
 def checked_name(name: Any) -> str | None:
-    """An optional snapshot name: 1-200 printable characters."""
+    """An optional snapshot name (the engine's rule), stripped of outer spaces."""
     if name is None:
         return None
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+    if not isinstance(name, str):
         raise http_error(400, "a snapshot name must be 1-200 printable characters")
-    if any(ord(c) < 32 for c in name):
-        raise http_error(400, "a snapshot name must be 1-200 printable characters")
-    return name.strip()
+    try:
+        # The name as sent, then what is stored: spaces alone are no name.
+        return check_name(check_name(name).strip())
+    except BadRequest as e:
+        raise http_error(400, e.message) from e
 
 
 class SandforkService:

@@ -14,6 +14,7 @@ from jupyter_core.application import JupyterApp
 from traitlets import Bool, Int, Unicode, default
 
 from sandfork.kernel.proxy import Attachment, KernelProxy
+from sandfork.kernel.state import load_state, state_file
 from sandfork.sdk import Client, Sandbox
 
 
@@ -67,8 +68,8 @@ class SandforkKernelApp(JupyterApp):
     def attachment(self, state: Path) -> Attachment:
         """The configured sandbox, the one a restarted kernel had, or a new one."""
         client = Client(self.engine_url or None, self.api_key or None)
-        if state.exists():  # a restart: the sandbox this kernel last ran in (%restore moves it)
-            saved: dict[str, Any] = json.loads(state.read_text())
+        saved = load_state(state)
+        if saved is not None:  # a restart: the sandbox this kernel last ran in (%restore moves it)
             sandbox = Sandbox.get(saved["sandbox_id"], client)
             return Attachment(sandbox, saved["context"], owned=bool(saved["owned"]))
         if self.sandbox_id:
@@ -89,7 +90,7 @@ class SandforkKernelApp(JupyterApp):
         if not self.connection_file:
             self.exit("the connection file is required: -f {connection_file}")
         connection = json.loads(Path(self.connection_file).read_text())
-        state = Path(self.connection_file + ".sandfork")
+        state = state_file(self.connection_file)
         asyncio.run(self._serve(connection, self.attachment(state), state))
 
     async def _serve(self, connection: dict[str, Any], attachment: Attachment, state: Path) -> None:

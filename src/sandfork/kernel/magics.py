@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sandfork.engine.snapshots import SNAPSHOT_ID
 from sandfork.sdk import Sandbox, SandforkError
 
 _MAGIC = re.compile(
@@ -61,7 +62,7 @@ def run(magic: Magic, sandbox: Sandbox) -> Outcome:
             children = sandbox.fork_tree(_count(argument))
             return Outcome("\n".join(child.id for child in children))
         if name == "restore":
-            if not re.fullmatch(r"snap_[0-9a-f]{16}", argument):
+            if not re.fullmatch(SNAPSHOT_ID, argument):
                 raise MagicError("usage: %restore SNAPSHOT_ID")
             restored = Sandbox.create(from_snapshot=argument, client=sandbox.client)
             return Outcome(f"restored {argument} into {restored.id}", restored)

@@ -29,6 +29,7 @@ from tornado.httpclient import HTTPClientError
 
 from sandfork.kernel import magics
 from sandfork.kernel.link import GuestMessage, SandboxLink
+from sandfork.kernel.state import save_state
 from sandfork.sdk import Sandbox, SandforkError
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,7 @@ class Attachment:
 
     def save(self, path: Path) -> None:
         """Remember the attachment for the process a restart starts next."""
-        data = {"sandbox_id": self.sandbox.id, "context": self.context, "owned": self.owned}
-        path.write_text(json.dumps(data))
+        save_state(path, self.sandbox.id, self.context, self.owned)
 
 
 @dataclass
