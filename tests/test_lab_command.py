@@ -4,6 +4,7 @@ with the server extension answering."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -60,3 +61,24 @@ def test_lab_serves_the_extension_on_loopback(engine: EngineProcess, tmp_path: P
     finally:
         lab.terminate()
         lab.wait(30)
+
+
+def test_the_install_enables_both_extensions() -> None:
+    """What `pip install` promises: Jupyter lists both extensions enabled and valid."""
+    env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb"}
+    jupyter = [sys.executable, "-m", "jupyter"]
+    server = subprocess.run(
+        [*jupyter, "server", "extension", "list"], env=env, capture_output=True, text=True
+    )
+    listing = _plain(server.stdout + server.stderr)
+    assert "sandfork.jupyter enabled" in listing and "sandfork.jupyter OK" in listing, listing
+    lab = subprocess.run(
+        [*jupyter, "labextension", "list"], env=env, capture_output=True, text=True
+    )
+    listing = _plain(lab.stdout + lab.stderr)
+    assert re.search(r"@sandfork/jupyterlab v\S+ enabled OK", listing), listing
+
+
+def _plain(text: str) -> str:
+    """Jupyter's listing without colour codes, spaces collapsed."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
