@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,10 +17,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from sandfork.sdk import Client
+from sandfork.sdk import Client, NotFoundError, SandforkError
 from sandfork.templates import ensure_template
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]  # jp_fetch & co. for the server extension
+
+LEAK_GRACE = 10.0
+"""Seconds a sandbox killed asynchronously after a test (a kernel shutting down) may take."""
 
 
 class EngineProcess:
@@ -30,6 +34,7 @@ class EngineProcess:
         self.args = args
         self.ram_dir = Path(tempfile.mkdtemp(prefix="sandfork-test-", dir="/dev/shm"))
         self.process: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}  # extra environment of the next start()
         self.url = ""
         self.api_key = ""
 
@@ -55,6 +60,7 @@ class EngineProcess:
                 **os.environ,
                 "SANDFORK_HOME": str(self.home),
                 "SANDFORK_RAM_DIR": str(self.ram_dir),
+                **self.env,
             },
         )
         deadline = time.monotonic() + timeout
@@ -76,17 +82,57 @@ class EngineProcess:
             self.process.wait(30)
 
     def close(self) -> None:
-        """Kill every sandbox through the API, stop the engine, and check nothing is left."""
-        if self.process is not None and self.process.poll() is None:
-            client = self.client()
-            for item in client.request("GET", "/sandboxes")["items"]:
-                client.request("DELETE", f"/sandboxes/{item['id']}")
-            leftovers = [p for p in self.ram_dir.rglob("*") if p.is_file()]
-            assert leftovers == [], f"RAM files left behind: {leftovers}"
-        self.stop()
-        for pid in self.qemu_pids():
+        """Stop the engine; fail if it leaves anything behind.
+
+        Sandboxes still listed, RAM files and QEMU processes are all leaks of the tests that
+        used the engine: they are removed (so later tests start clean) and reported together
+        as one failure.
+        """
+        problems = []
+        try:
+            if self.running():
+                client = self.client()
+                left = self.sandbox_ids()
+                for sandbox_id in left:
+                    client.request("DELETE", f"/sandboxes/{sandbox_id}")
+                if left:
+                    problems.append(f"sandboxes left (now killed): {sorted(left)}")
+                ram_files = self.wait_for_ram_files_gone()
+                if ram_files:
+                    problems.append(f"RAM files left after killing every sandbox: {ram_files}")
+        except SandforkError as e:
+            problems.append(f"the engine failed to kill what was left: {e}")
+        finally:
+            self.stop()
+        pids = self.qemu_pids()
+        for pid in pids:
             os.kill(pid, signal.SIGKILL)
+        if pids:
+            problems.append(f"QEMU processes left running (now killed): {pids}")
+        ram_files = [p for p in self.ram_dir.rglob("*") if p.is_file()]
+        if ram_files and not pids:
+            problems.append(f"RAM files left behind: {ram_files}")
         shutil.rmtree(self.ram_dir, ignore_errors=True)
+        if problems:
+            pytest.fail(f"engine {self.home} was left unclean: " + "; ".join(problems))
+
+    def wait_for_ram_files_gone(self, timeout: float = 30.0) -> list[Path]:
+        """The RAM folder's files still there after ``timeout`` (the engine deletes captures
+        in the background)."""
+        deadline = time.monotonic() + timeout
+        while (left := [p for p in self.ram_dir.rglob("*") if p.is_file()]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        return left
+
+    def running(self) -> bool:
+        """True while the engine process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def sandbox_ids(self) -> set[str]:
+        """Ids of every sandbox the engine lists (dead ones included)."""
+        return {item["id"] for item in self.client().request("GET", "/sandboxes")["items"]}
 
     def client(self) -> Client:
         return Client(self.url, self.api_key)
@@ -141,6 +187,36 @@ def own_engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iter
     proc.start()
     yield proc
     proc.close()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_sandboxes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that uses the session's engine and leaves a sandbox of its own behind.
+
+    Sandboxes listed after the test that were not there before it are killed (later tests
+    are unaffected) and fail the test; ones a kernel or server kills as it shuts down get a
+    few seconds to go.
+    """
+    if "engine" not in request.fixturenames:
+        yield
+        return
+    engine: EngineProcess = request.getfixturevalue("engine")
+    before = engine.sandbox_ids()
+    yield
+    if not engine.running():
+        pytest.fail(f"{request.node.nodeid} stopped the session's engine")
+    deadline = time.monotonic() + LEAK_GRACE
+    while (leaked := engine.sandbox_ids() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if leaked:
+        client = engine.client()
+        for sandbox_id in leaked:
+            with contextlib.suppress(NotFoundError):
+                client.request("DELETE", f"/sandboxes/{sandbox_id}")
+        pytest.fail(
+            f"{request.node.nodeid} left sandboxes behind (now killed): {sorted(leaked)}; "
+            "kill what a test creates, in a finally block or a fixture"
+        )
 
 
 @pytest.fixture

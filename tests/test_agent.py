@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import base64
 import json
 import os
@@ -114,9 +115,7 @@ def test_imports_as_sandfork_agent() -> None:
 
 @pytest.mark.asyncio
 async def test_ping(client: AgentClient, agent: AgentProcess) -> None:
-    started = time.monotonic()
-    result = await client.request("ping")
-    assert time.monotonic() - started < 1.0
+    result = await asyncio.wait_for(client.request("ping"), 30)
     assert result["pid"] == agent.pid
     assert result["version"]
     assert isinstance(result["uptime_s"], float)
@@ -129,11 +128,9 @@ async def test_ping_is_answered_while_the_default_kernel_starts(tmp_path: Path) 
     proc.start()
     try:
         conn = await AgentClient.connect(proc.socket_path)
-        started = time.monotonic()
-        await conn.request("ping")
-        assert time.monotonic() - started < 0.5
+        await asyncio.wait_for(conn.request("ping"), 30)
         listed = await conn.request("ctx.list")
-        assert listed["contexts"][0]["status"] == "starting"
+        assert listed["contexts"][0]["status"] == "starting"  # the ping did not wait for it
         # A send waits for the kernel that is still starting.
         assert (await conn.execute(DEFAULT, "6 * 7")).text == "42"
         await conn.close()
@@ -187,8 +184,11 @@ def test_virtio_port_mode(tmp_path: Path) -> None:
         reply = request(b'{"id": 2, "op": "exec", "cmd": "echo hi", "stream": true}')
         assert reply["result"]["stdout"] == "hi\n"  # type: ignore[index]
         os.close(master)
-        time.sleep(0.2)  # the agent sees EIO and polls for the host's return
-        assert proc.process is not None and proc.process.poll() is None
+        deadline = time.monotonic() + 30
+        while "host disconnected" not in proc.log():  # the agent saw EIO
+            assert time.monotonic() < deadline, proc.log()
+            time.sleep(0.01)
+        assert proc.process is not None and proc.process.poll() is None  # and waits for the host
     finally:
         os.close(slave)
         assert proc.stop() == 0, proc.log()
@@ -270,7 +270,7 @@ async def test_exec_timeout_kills_the_process_group(client: AgentClient) -> None
     result = await client.request(
         "exec", cmd="sleep 30 & echo $!; sleep 30", timeout=0.5, stream=True
     )
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 20  # killed at its timeout, long before the sleeps end
     assert result["timed_out"] is True
     assert result["exit_code"] == 124
     background = int(result["stdout"])
@@ -279,10 +279,10 @@ async def test_exec_timeout_kills_the_process_group(client: AgentClient) -> None
 
 @pytest.mark.asyncio
 async def test_exec_does_not_wait_for_background_processes(client: AgentClient) -> None:
-    started = time.monotonic()
-    result = await client.request("exec", cmd="sleep 5 & echo $!")
-    assert time.monotonic() - started < 1.5
-    os.kill(int(result["stdout"]), signal.SIGKILL)
+    result = await client.request("exec", cmd="sleep 60 & echo $!")
+    background = int(result["stdout"])
+    assert pid_alive(background)  # the answer came while it still ran
+    os.kill(background, signal.SIGKILL)
 
 
 @pytest.mark.asyncio
@@ -306,14 +306,14 @@ async def test_exec_output_cap(client: AgentClient) -> None:
 
 
 @pytest.mark.asyncio
-async def test_requests_run_concurrently(client: AgentClient) -> None:
-    slow = await client.start("exec", cmd="sleep 1")
-    started = time.monotonic()
-    await client.request("ping")
-    await client.request("fs.stat", path="/")
-    assert time.monotonic() - started < 0.5
-    assert not slow.done()
-    assert (await slow).result["exit_code"] == 0
+async def test_requests_run_concurrently(client: AgentClient, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    slow = await client.start("exec", cmd=f"while [ ! -e {release} ]; do sleep 0.01; done")
+    await asyncio.wait_for(client.request("ping"), 30)
+    await asyncio.wait_for(client.request("fs.stat", path="/"), 30)
+    assert not slow.done()  # answered while the exec waits for the file
+    release.touch()
+    assert (await asyncio.wait_for(slow, 30)).result["exit_code"] == 0
 
 
 # --- files ----------------------------------------------------------------------------------

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any, cast
+
 import pytest
 import requests
 from conftest import EngineProcess
+from tornado import web
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.routing import PathMatches
+from tornado.websocket import websocket_connect
+
+from sandfork.engine.app import make_app
+from sandfork.engine.config import EngineConfig
 
 
 def _call(engine: EngineProcess, method: str, path: str, **kwargs: object) -> requests.Response:
@@ -12,27 +23,78 @@ def _call(engine: EngineProcess, method: str, path: str, **kwargs: object) -> re
     return requests.request(method, f"{engine.url}{path}", headers=headers, timeout=60, **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "headers",
-    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic abc"}, {"X-API-Key": "nope"}],
-)
-@pytest.mark.parametrize(
-    ("method", "path"),
-    [
-        ("GET", "/v1/health"),
-        ("GET", "/v1/sandboxes"),
-        ("POST", "/v1/sandboxes"),
-        ("DELETE", "/v1/sandboxes/sbx_0000000000000000"),
-        ("POST", "/v1/sandboxes/sbx_0000000000000000/exec"),
-        ("GET", "/v1/nowhere"),
-    ],
-)
-def test_every_endpoint_needs_the_api_key(
+# What each capture group of the engine's route patterns is given; a route with a new kind
+# of group fails _routes() until it gets a placeholder here.
+_PLACEHOLDERS = {
+    "(sbx_[0-9a-f]{16})": "sbx_0123456789abcdef",
+    "(snap_[0-9a-f]{16})": "snap_0123456789abcdef",
+    "([A-Za-z0-9_-]{1,64})": "default",
+    "([^/]+)": "notebook.ipynb",
+}
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+_WRONG_KEYS = [
+    {},
+    {"Authorization": "Bearer wrong"},
+    {"Authorization": "Basic abc"},
+    {"X-API-Key": "nope"},
+]
+
+
+def _routes() -> list[tuple[str, str]]:
+    """(method, path) for every method every route of ``make_app`` handles, ids filled in,
+    plus a path no route matches (the default handler)."""
+    app = make_app(cast(Any, None), EngineConfig(), "unused")
+    found = [("GET", "/v1/nowhere"), ("POST", "/v1/nowhere")]
+    for rule in app.wildcard_router.rules:
+        assert isinstance(rule.matcher, PathMatches)
+        path = rule.matcher.regex.pattern.removesuffix("$")
+        for group, value in _PLACEHOLDERS.items():
+            path = path.replace(group, value)
+        assert "(" not in path, f"give the groups of {path} a placeholder in _PLACEHOLDERS"
+        handler = rule.target
+        assert isinstance(handler, type) and issubclass(handler, web.RequestHandler)
+        defined = [
+            m
+            for m in _METHODS
+            if getattr(handler, m.lower()) is not getattr(web.RequestHandler, m.lower())
+        ]
+        assert defined, f"{handler.__name__} handles no method"
+        found += [(method, path) for method in defined]
+    return found
+
+
+def test_the_route_table_is_enumerated() -> None:
+    routes = _routes()
+    assert ("POST", "/v1/snapshots/import") in routes
+    assert ("GET", "/v1/sandboxes/sbx_0123456789abcdef/repl/sessions/default/channels") in routes
+    assert ("PUT", "/v1/sandboxes/sbx_0123456789abcdef/fs") in routes
+    assert len(routes) > 30
+
+
+@pytest.mark.parametrize("headers", _WRONG_KEYS, ids=["none", "bearer", "basic", "x-api-key"])
+@pytest.mark.parametrize(("method", "path"), _routes())
+def test_every_route_and_method_needs_the_api_key(
     engine: EngineProcess, method: str, path: str, headers: dict[str, str]
 ) -> None:
     response = _call(engine, method, path, headers=headers, json={})
-    assert response.status_code == 401
+    assert response.status_code == 401, response.text
+    assert response.headers["Content-Type"].startswith("application/json")
     assert "API key" in response.json()["error"]
+
+
+def test_the_channels_websocket_needs_the_api_key(engine: EngineProcess) -> None:
+    url = engine.url.replace("http://", "ws://", 1)
+    url += "/v1/sandboxes/sbx_0123456789abcdef/repl/sessions/default/channels"
+
+    async def handshake(headers: dict[str, str]) -> int:
+        with pytest.raises(HTTPClientError) as refused:
+            await websocket_connect(HTTPRequest(url, headers=headers))
+        assert refused.value.response is not None
+        assert "API key" in json.loads(refused.value.response.body)["error"]
+        return refused.value.code
+
+    for headers in _WRONG_KEYS:
+        assert asyncio.run(handshake(headers)) == 401
 
 
 def test_the_key_is_accepted_as_bearer_or_header(engine: EngineProcess) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import EngineProcess
 
-from sandfork.sdk import Client, NotFoundError, ReplayMismatch, Sandbox
+from sandfork.sdk import Client, NotFoundError, ReplayMismatch, Sandbox, SandboxTimeout
 
 pytestmark = pytest.mark.vm
 
@@ -76,3 +76,92 @@ def test_named_checkpoints_and_missing_ones(client: Client) -> None:
         Sandbox.resume(plain.id, client=client)
     for s in (sb, at_a, latest, plain):
         s.kill()
+
+
+APPEND_BY_CODE = "with open('/root/by-code', 'a') as f:\n    f.write('ran\\n')"
+APPEND_BY_EXEC = "echo ran >> /root/by-exec"
+COUNT_LINES = "wc -l < /root/by-code; wc -l < /root/by-exec"
+
+
+def test_replayed_calls_with_side_effects_do_not_run_again(client: Client) -> None:
+    sb = Sandbox.create(client=client)
+    made = [sb]
+    try:
+        ctx = sb.create_code_context()
+        by_code = ctx.run_code(APPEND_BY_CODE)  # seq 1
+        by_exec = sb.exec(APPEND_BY_EXEC)  # seq 2
+        ctx.run_code("stage = 'setup'")  # seq 3
+        sb.checkpoint("setup")
+        sb.exec(APPEND_BY_EXEC)  # seq 4, after the checkpoint: never replayed
+
+        resumed = Sandbox.resume(sb.id, client=client)
+        made.append(resumed)
+        resumed_ctx = resumed.create_code_context()
+        assert resumed_ctx.run_code(APPEND_BY_CODE) == by_code  # seq 1: from the cache
+        assert resumed.exec(APPEND_BY_EXEC) == by_exec  # seq 2: from the cache
+        resumed_ctx.run_code("stage = 'setup'")  # seq 3: from the cache
+        assert resumed.exec(COUNT_LINES).stdout == "1\n1\n"  # seq 4: live; nothing re-ran
+        resumed_ctx.run_code(APPEND_BY_CODE)  # seq 5: live, so it appends
+        resumed.exec(APPEND_BY_EXEC)  # seq 6: live
+        assert resumed.exec(COUNT_LINES).stdout == "2\n2\n"
+        events = resumed.ledger()
+        assert [(e["seq"], e["kind"]) for e in events] == [
+            (1, "run_code"),
+            (2, "exec"),
+            (3, "run_code"),
+            (4, "exec"),
+            (5, "run_code"),
+            (6, "exec"),
+            (7, "exec"),
+        ]
+        assert events[3]["request"]["cmd"] == COUNT_LINES
+
+        changed = Sandbox.resume(sb.id, "setup", client=client)
+        made.append(changed)
+        changed_ctx = changed.create_code_context()
+        changed_ctx.run_code(APPEND_BY_CODE)
+        changed.exec(APPEND_BY_EXEC)
+        with pytest.raises(ReplayMismatch) as info:
+            changed_ctx.run_code("stage = 'other'")  # seq 3 recorded "stage = 'setup'"
+        assert info.value.seq == 3
+        assert info.value.expected["code"] == "stage = 'setup'"
+        assert info.value.got["code"] == "stage = 'other'"
+        assert changed_ctx.run_code("stage").text == "'setup'"  # the changed call never ran
+        assert changed.exec(COUNT_LINES).stdout == "1\n1\n"
+
+        swapped = Sandbox.resume(sb.id, client=client)
+        made.append(swapped)
+        swapped_ctx = swapped.create_code_context()
+        swapped_ctx.run_code(APPEND_BY_CODE)
+        swapped.exec(APPEND_BY_EXEC)
+        with pytest.raises(ReplayMismatch) as info:
+            swapped.exec("stage = 'setup'")  # seq 3 was a run_code of the same text
+        assert info.value.seq == 3
+        assert info.value.expected["kind"] == "run_code" and info.value.got["kind"] == "exec"
+        assert swapped.exec(COUNT_LINES).stdout == "1\n1\n"  # seq 4: live
+    finally:
+        for s in made:
+            s.kill()
+
+
+def test_a_failed_call_replays_as_the_same_failure(client: Client) -> None:
+    sb = Sandbox.create(client=client)
+    made = [sb]
+    try:
+        with pytest.raises(SandboxTimeout):
+            sb.exec("sleep 600", timeout_seconds=2)  # seq 1: it reached the sandbox, failed
+        sb.exec(APPEND_BY_EXEC)  # seq 2
+        sb.checkpoint()
+        failed = sb.ledger()[0]
+        assert (failed["seq"], failed["result"]["failed"]["status"]) == (1, 504)
+
+        resumed = Sandbox.resume(sb.id, client=client)
+        made.append(resumed)
+        with pytest.raises(SandboxTimeout, match="timeout"):
+            resumed.exec("sleep 600", timeout_seconds=2)  # seq 1: the same failure, cached
+        resumed.exec(APPEND_BY_EXEC)  # seq 2: cached, not run again
+        assert resumed.exec("wc -l < /root/by-exec").stdout == "1\n"  # seq 3: live
+        assert [e["seq"] for e in resumed.ledger()] == [1, 2, 3]
+    finally:
+        for s in made:
+            s.kill()

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from conftest import EngineProcess
 
 from sandfork.sdk import BadRequestError, Sandbox, Snapshot
@@ -48,16 +54,19 @@ def test_export_then_import_on_another_engine(
 
     done = _cli(own_engine, "snapshot", "import", str(file))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == snapshot_id
+    imported_id = done.stdout.strip()
+    assert imported_id.startswith("snap_") and imported_id != snapshot_id  # ids are fresh
     client = own_engine.client()
-    imported = Snapshot.get(snapshot_id, client=client)
+    imported = Snapshot.get(imported_id, client=client)
     assert imported.name == "portable"
-    data = client.request("GET", f"/snapshots/{snapshot_id}")
+    data = client.request("GET", f"/snapshots/{imported_id}")
     assert data["metadata"] == {"notebook_path": "a.ipynb"}
     assert data["attachments"] == ["notebook.ipynb"]
-    attachment = client.raw("GET", f"/snapshots/{snapshot_id}/attachments/notebook.ipynb")
+    attachment = client.raw("GET", f"/snapshots/{imported_id}/attachments/notebook.ipynb")
     assert attachment.content == b'{"cells": []}'
-    restored = Sandbox.create(from_snapshot=snapshot_id, client=client)
+    memory = own_engine.home / "snapshots" / imported_id / "memory.img"
+    assert memory.stat().st_blocks * 512 < memory.stat().st_size  # written sparse
+    restored = Sandbox.create(from_snapshot=imported_id, client=client)
     assert restored.create_code_context().run_code("carried['answer']").text == "42"
     assert restored.filesystem.read_text("/root/carried.txt") == "on disk"
     restored.kill()
@@ -74,5 +83,81 @@ def test_export_then_import_on_another_engine(
         with pytest.raises(BadRequestError, match=r"corrupted|truncated"):
             Snapshot.import_file(damaged, client=client)
     assert Snapshot.list(client=client) == []
-    assert not list((own_engine.home / "snapshots").iterdir())
-    assert not list((own_engine.home / "layers").iterdir())  # nothing half-imported stays
+    for folder in ("snapshots", "layers", "tmp"):  # nothing half-imported stays
+        path = own_engine.home / folder  # (a deleted snapshot's files go in the background)
+        _wait_for(lambda: not list(path.iterdir()), f"an empty {folder} folder", 30)  # noqa: B023
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _in_background(call: Callable[[], object]) -> threading.Thread:
+    def run() -> None:
+        with contextlib.suppress(requests.RequestException):
+            call()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_sigkill_during_export_or_import_leaves_nothing(
+    own_engine: EngineProcess, tmp_path: Path
+) -> None:
+    """The engine is killed while an export's file, then an upload, is in its ``tmp`` folder
+    (held there: the export's client reads nothing, the upload's body stops half-way); the
+    next start removes what it left and keeps the snapshot as it was."""
+    client = own_engine.client()
+    source = Sandbox.create(client=client)
+    snapshot_id = client.request("POST", f"/sandboxes/{source.id}/snapshots", json={})["id"]
+    source.kill()
+    tmp = own_engine.home / "tmp"
+    layers = sorted((own_engine.home / "layers").iterdir())
+
+    export = _in_background(
+        lambda: requests.get(
+            f"{own_engine.url}/v1/snapshots/{snapshot_id}/export",
+            headers=own_engine.auth,
+            stream=True,
+            timeout=600,
+        )
+    )
+    _wait_for(lambda: any(tmp.glob("export-*/*.sfsnap")), "the export's file")
+    own_engine.stop(signal.SIGKILL)
+    export.join()
+    assert list(tmp.iterdir())  # the killed engine left its export behind ...
+    own_engine.start()
+    assert list(tmp.iterdir()) == []  # ... and the next one removed it
+
+    file = tmp_path / "snap.sfsnap"
+    Snapshot.get(snapshot_id, client=own_engine.client()).export(file)
+    release = threading.Event()
+
+    def half_the_file() -> Iterator[bytes]:
+        with file.open("rb") as f:
+            yield f.read(file.stat().st_size // 2)
+        release.wait(600)
+
+    upload = _in_background(
+        lambda: requests.post(
+            f"{own_engine.url}/v1/snapshots/import",  # the restarted engine's new port
+            data=half_the_file(),
+            headers=own_engine.auth,
+            timeout=600,
+        )
+    )
+    uploads = lambda: list(tmp.glob("upload-*/import.sfsnap"))  # noqa: E731
+    _wait_for(lambda: any(p.stat().st_size > 0 for p in uploads()), "the upload")
+    own_engine.stop(signal.SIGKILL)
+    release.set()
+    upload.join()
+    assert uploads()
+    own_engine.start()
+    assert list(tmp.iterdir()) == []
+    snapshots = own_engine.client().request("GET", "/snapshots")["snapshots"]
+    assert [s["id"] for s in snapshots] == [snapshot_id]
+    assert sorted((own_engine.home / "layers").iterdir()) == layers

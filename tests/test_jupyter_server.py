@@ -8,7 +8,7 @@ import json
 import shutil
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,19 @@ def jp_server_config(
     }
 
 
+@pytest.fixture(autouse=True)
+def kernels_shut_down_after_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Shut the server's kernels down (each kills the sandbox it owns) when the test ends:
+    before conftest's leak check, which pytest-jupyter's own cleanup would come after."""
+    if "jp_serverapp" not in request.fixturenames:
+        yield
+        return
+    serverapp = request.getfixturevalue("jp_serverapp")
+    loop = request.getfixturevalue("jp_asyncio_loop")
+    yield
+    loop.run_until_complete(serverapp.kernel_manager.shutdown_all())
+
+
 async def _call(
     fetch: Fetch, method: str, path: str, body: Any = None, **kwargs: Any
 ) -> tuple[int, Any]:
@@ -85,6 +98,23 @@ async def test_every_endpoint_needs_authentication(jp_fetch: Fetch) -> None:
     for method, path, body in ENDPOINTS:
         status, data = await _call(jp_fetch, method, path, body, headers={"Authorization": ""})
         assert status == 403, (method, path, status, data)
+
+
+async def test_a_valid_xsrf_token_without_login_is_refused_by_authentication(
+    jp_fetch: Fetch,
+) -> None:
+    """The XSRF check passes (cookie and header agree), so the 403 is authentication's."""
+    token = uuid.uuid4().hex
+    xsrf = {"Authorization": "", "Cookie": f"_xsrf={token}", "X-XSRFToken": token}
+    for method, path, body in ENDPOINTS:
+        status, data = await _call(jp_fetch, method, path, body, headers=dict(xsrf))
+        assert status == 403, (method, path, status, data)
+        assert "xsrf" not in json.dumps(data).lower(), (method, path, data)
+    # The control: without the token, a POST is refused by the XSRF check itself.
+    status, data = await _call(
+        jp_fetch, "POST", "sandfork/api/forks", headers={"Authorization": ""}
+    )
+    assert status == 403 and "xsrf" in json.dumps(data).lower(), data
 
 
 async def test_every_endpoint_needs_authorization(jp_fetch: Fetch) -> None:
@@ -144,15 +174,17 @@ async def test_snapshot_restore_fork_rename_delete(
     document = _notebook("x = 41", "print(x)")
 
     # Bad input on a real Sandfork kernel.
-    base = {"kernel_id": kernel, "path": "work/analysis.ipynb", "notebook": document}
-    for change, message in [
+    base: dict[str, Any] = {"kernel_id": kernel, "path": "work/analysis.ipynb"}
+    base["notebook"] = document
+    changes: list[tuple[dict[str, Any], str]] = [
         ({"name": "\x01"}, "name"),
         ({"name": ""}, "name"),
         ({"path": "../up.ipynb"}, "root"),
         ({"path": "no-suffix"}, ".ipynb"),
         ({"notebook": {"cells": "no"}}, "notebook"),
         ({"operation": "bad id!"}, "operation"),
-    ]:
+    ]
+    for change, message in changes:
         status, data = await _call(jp_fetch, "POST", "sandfork/api/snapshots", base | change)
         assert status == 400 and message in data["message"], (change, data)
     for count in (0, 9, "2", True):
@@ -176,7 +208,11 @@ async def test_snapshot_restore_fork_rename_delete(
         _call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore", {"operation": op})
     )
     await _wait_step(jp_fetch, op, "restoring the sandbox")
-    await asyncio.sleep(0.2)
+    for _ in range(6000):  # the engine restores it (and holds the snapshot meanwhile)
+        listed = await asyncio.to_thread(engine.client().request, "GET", "/sandboxes")
+        if restore.done() or any(s["status"] == "starting" for s in listed["items"]):
+            break
+        await asyncio.sleep(0.01)
     status, data = await _call(jp_fetch, "DELETE", f"sandfork/api/snapshots/{snap['id']}")
     assert status == 409 and "being restored" in data["message"], data
     status, restored = await restore
@@ -203,6 +239,9 @@ async def test_snapshot_restore_fork_rename_delete(
     for branch in fork["branches"]:
         assert await _run(jp_serverapp, branch["kernel_id"], "x += 100; print(x)") == "142\n"
     assert await _run(jp_serverapp, kernel, "print(x)") == "42\n"
+    # Every sandbox a kernel owns is leased: it goes if its kernel vanishes (test_leases.py).
+    for sandbox_id in (sandbox, restored["sandbox_id"], *children):
+        assert Sandbox.get(sandbox_id, engine.client()).lease_seconds == 60, sandbox_id
 
     # The lineage: which notebook and sandbox made the snapshot, what came from it.
     status, lineage = await _call(jp_fetch, "GET", "sandfork/api/snapshots")

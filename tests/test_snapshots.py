@@ -174,7 +174,12 @@ def test_engine_killed_mid_snapshot_lists_only_restorable_snapshots(
 
     thread = threading.Thread(target=snapshot_in_background)
     thread.start()
-    time.sleep(0.05)
+    staging = own_engine.home / "snapshots"
+    deadline = time.monotonic() + 60
+    while not list(staging.glob(".tmp-*/devices.state")):  # the VM is paused, being saved
+        assert time.monotonic() < deadline, "the snapshot never started"
+        assert thread.is_alive(), "the snapshot ended before the engine could be killed"
+        time.sleep(0.005)
     own_engine.stop(signal.SIGKILL)
     thread.join(30)
     own_engine.start()
@@ -189,3 +194,4 @@ def test_engine_killed_mid_snapshot_lists_only_restorable_snapshots(
     # the parent was left paused by the dead engine and is running again
     adopted = Sandbox.get(sb.id, client=client)
     assert adopted.status == "running" and adopted.exec("echo alive").stdout == "alive\n"
+    adopted.kill()

@@ -25,6 +25,7 @@ from sandfork.templates import (
     BuiltTemplate,
     TemplateError,
     TemplateSpec,
+    builder,
     ensure_template,
     list_specs,
     load_spec,
@@ -455,10 +456,12 @@ def test_initramfs_scripts_are_valid_sh() -> None:
         run(["busybox", "sh", "-n", str(script)])
 
 
-def test_boot_build_is_cached(boot_dir: Path, cache: Path) -> None:
-    started = time.monotonic()
+def test_boot_build_is_cached(boot_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def build_boot(*args: object) -> Path:
+        raise AssertionError("a cached boot artifact was built again")
+
+    monkeypatch.setattr(builder, "build_boot", build_boot)
     assert ensure_boot() == boot_dir
-    assert time.monotonic() - started < 1.0
 
 
 # --- locking, interruption -----------------------------------------------------------------
@@ -474,19 +477,33 @@ def test_build_lock_waits(tmp_path: Path) -> None:
             "from sandfork.templates.cache import build_lock\n"
             "with build_lock(Path(sys.argv[1])):\n"
             "    print('locked', flush=True)\n"
-            "    time.sleep(1.5)\n",
+            "    sys.stdin.readline()\n"
+            "    print('released', flush=True)\n",
             str(tmp_path),
         ],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    assert holder.stdin is not None and holder.stdout is not None
+    assert holder.stdout.readline().strip() == "locked"
+
+    def release() -> None:  # let the holder go
+        assert holder.stdin is not None
+        if not holder.stdin.closed:
+            holder.stdin.write("go\n")
+            holder.stdin.close()
+
+    def on_wait() -> None:  # the lock is busy, as it should be
+        waited.append(True)
+        release()
+
     waited: list[bool] = []
-    started = time.monotonic()
-    with build_lock(tmp_path, on_wait=lambda: waited.append(True)):
-        elapsed = time.monotonic() - started
-    holder.wait()
-    assert waited == [True] and elapsed > 0.5
+    with build_lock(tmp_path, on_wait=on_wait):
+        release()  # (a no-op unless the lock did not wait: then the holder must not hang)
+        after = holder.stdout.readline().strip()
+    holder.wait(30)
+    assert waited == [True] and after == "released"  # the lock was had only after that
 
 
 BOOT_SCRIPT = "from sandfork.templates.builder import ensure_boot; print(ensure_boot())"
@@ -590,8 +607,8 @@ def test_sigkilled_rootfs_build_is_cleaned_up(isolated_cache: Path, tmp_path: Pa
         [
             sys.executable,
             "-c",
-            "import sys\nfrom sandfork.templates import ensure_template\n"
-            "ensure_template(sys.argv[1], progress=False)",
+            "import sys\nfrom pathlib import Path\nfrom sandfork.templates import ensure_template\n"
+            "ensure_template(Path(sys.argv[1]), progress=False)",
             str(spec_path),
         ],
         start_new_session=True,
@@ -601,7 +618,9 @@ def test_sigkilled_rootfs_build_is_cleaned_up(isolated_cache: Path, tmp_path: Pa
         while not list((root / "rootfs").glob(f"{TMP_PREFIX}killed-*/tree")):
             assert time.monotonic() < deadline and builder.poll() is None, "no debootstrap"
             time.sleep(0.1)
-        time.sleep(2)
+        while not set(processes_using(root)) - {builder.pid}:  # debootstrap writes the tree
+            assert time.monotonic() < deadline and builder.poll() is None, "no debootstrap"
+            time.sleep(0.1)
     finally:
         builder.kill()
         builder.wait()

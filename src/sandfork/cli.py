@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -33,7 +34,15 @@ def _serve(args: argparse.Namespace) -> int:
         accelerator=args.accelerator,
         state_dir=args.state_dir,
         boot_snapshots=not args.no_boot_snapshots,
+        allow_host_access=args.allow_host_access,
+        egress_allow=args.egress_allow,
+        boot_snapshot_dir=args.boot_snapshot_dir,
     )
+    for setting in args.set:
+        name, _, value = setting.partition("=")
+        if not config.has_trait(name) or not config.trait_metadata(name, "config"):
+            raise SystemExit(f"sandfork serve: --set {setting}: no engine setting {name!r}")
+        config.set_trait(name, config.traits()[name].from_string(value))
     asyncio.run(serve(config))
     return 0
 
@@ -59,13 +68,18 @@ def _lab(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.ip={args.ip}", "--no-browser"]
     if os.geteuid() == 0:  # the documented setup runs as root (a VM host needs /dev/kvm)
         argv.append("--allow-root")
-    os.execvpe(argv[0], [*argv, *args.lab_args], env)
+    from sandfork.jupyter.lab import run_lab
+    from sandfork.sdk import Client
+
+    client = Client(conn.url, conn.api_key)
+    return run_lab([*argv, *args.lab_args], env, client, lambda line: console.print(line))
 
 
 def _template_build(args: argparse.Namespace) -> int:
     from sandfork.templates import ensure_template
 
-    built = ensure_template(args.name, progress=True)
+    as_file = "/" in args.name or args.name.endswith(".toml")  # the CLI may name a spec file
+    built = ensure_template(Path(args.name) if as_file else args.name, progress=True)
     console.print(f"[green]template {built.name} ready[/] ({built.rootfs})")
     return 0
 
@@ -206,7 +220,7 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         ok = False
         console.print("[red]✗[/] QEMU: qemu-system-x86_64 not installed (bash scripts/setup.sh)")
-    for tool in ("qemu-img", "debootstrap", "mke2fs"):
+    for tool in ("qemu-img", "debootstrap", "mke2fs", "socat"):
         mark = "[green]✓[/]" if shutil.which(tool) else "[red]✗[/]"
         ok = ok and bool(shutil.which(tool))
         console.print(f"{mark} {tool}: {shutil.which(tool) or 'not installed'}")
@@ -240,6 +254,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-boot-snapshots",
         action="store_true",
         help="boot every sandbox instead of restoring its template's pre-booted snapshot",
+    )
+    serve.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any engine setting (see sandfork.engine.config), e.g. --set max_sandboxes=8",
+    )
+    serve.add_argument(
+        "--boot-snapshot-dir",
+        default="",
+        help="directory of the pre-booted template snapshots (default: the cache's)",
+    )
+    serve.add_argument(
+        "--allow-host-access",
+        action="store_true",
+        help="let sandboxes created with host_access reach the host's loopback and private "
+        "networks (off: only the egress proxy, which refuses them)",
+    )
+    serve.add_argument(
+        "--egress-allow",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a private network the egress proxy may reach anyway (a package mirror); repeatable",
     )
     serve.set_defaults(func=_serve)
 

@@ -25,6 +25,7 @@ ERROR_TYPES = frozenset(
         "Exists",
         "PermissionDenied",
         "Timeout",
+        "TooLarge",
         "KernelDied",
         "Internal",
     }

@@ -43,6 +43,16 @@ class Request:
 Handler = Callable[[Request], Awaitable[Frame]]
 
 
+def _env_entry_ok(key: object, value: object) -> bool:
+    return (
+        isinstance(key, str)
+        and isinstance(value, str)
+        and bool(key)
+        and "=" not in key
+        and "\x00" not in key + value
+    )
+
+
 class Agent:
     """Parses host frames, runs the operations and sends replies and events back."""
 
@@ -121,9 +131,13 @@ class Agent:
         timeout = optional(args, "timeout", float, None)
         if timeout is not None and timeout <= 0:
             raise AgentError("BadRequest", "'timeout' must be positive")
+        if "\x00" in cmd:
+            raise AgentError("BadRequest", "'cmd' must not contain NUL characters")
         env = optional(args, "env", dict, {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise AgentError("BadRequest", "'env' must map strings to strings")
+        if not all(_env_entry_ok(k, v) for k, v in env.items()):
+            raise AgentError(
+                "BadRequest", "'env' must map names (non-empty, no '=' or NUL) to strings (no NUL)"
+            )
         cwd = files.resolve(optional(args, "cwd", str, system.work_dir()))
         max_output = optional(args, "max_output", int, DEFAULT_MAX_OUTPUT)
         if max_output < 0:
@@ -142,7 +156,13 @@ class Agent:
         )
 
     async def _fs_read(self, req: Request) -> Frame:
-        return await asyncio.to_thread(files.read_file, required(req.args, "path", str))
+        path = required(req.args, "path", str)
+        offset = optional(req.args, "offset", int, 0)
+        length = optional(req.args, "length", int, None)
+        max_bytes = optional(req.args, "max_bytes", int, files.DEFAULT_MAX_READ)
+        if offset < 0 or (length is not None and length < 0) or max_bytes < 0:
+            raise AgentError("BadRequest", "'offset', 'length' and 'max_bytes' must be >= 0")
+        return await asyncio.to_thread(files.read_file, path, offset, length, max_bytes)
 
     async def _fs_write(self, req: Request) -> Frame:
         path = required(req.args, "path", str)

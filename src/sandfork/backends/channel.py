@@ -26,6 +26,19 @@ KernelListener = Callable[[dict[str, Any]], None]
 # A frame can carry a whole file as base64; asyncio's default 64 KiB line limit is far too small.
 _MAX_FRAME = 256 * 1024 * 1024
 
+DEFAULT_AGENT_TIMEOUT = 30.0
+"""Seconds a request may wait for its reply when its caller names no deadline."""
+KERNEL_START_S = 120.0
+"""How long the agent itself may take to start a kernel (docs/agent-protocol.md)."""
+KERNEL_STARTING_OPS = frozenset({"ctx.create", "ctx.restart", "ctx.send"})
+"""Operations that may start a kernel first: their default deadline adds ``KERNEL_START_S``."""
+
+
+def default_wait(op: str, base: float = DEFAULT_AGENT_TIMEOUT) -> float:
+    """The deadline of a request to ``op`` whose caller names none: ``base`` seconds, plus
+    the kernel start time for the operations that may start a kernel."""
+    return base + (KERNEL_START_S if op in KERNEL_STARTING_OPS else 0.0)
+
 
 class AgentError(Exception):
     """The agent answered a request with an error."""
@@ -38,6 +51,14 @@ class AgentError(Exception):
 
 class AgentUnavailable(Exception):
     """The agent cannot be reached (VM gone, or the channel closed mid-request)."""
+
+
+class AgentTimeout(TimeoutError):
+    """The agent did not answer a request within its deadline (it may still, later)."""
+
+    def __init__(self, op: str, wait: float) -> None:
+        super().__init__(f"the guest agent did not answer {op!r} within {wait:g} s")
+        self.op = op
 
 
 @dataclass
@@ -107,11 +128,15 @@ class AgentChannel:
     ) -> dict[str, Any]:
         """Send one request and return its result, raising :class:`AgentError` on failure.
 
-        ``wait`` bounds how long the reply may take (:class:`TimeoutError` past it).
+        ``wait`` bounds how long the reply may take (:class:`AgentTimeout` past it); every
+        request has one, :func:`default_wait` when the caller names none.
         """
+        wait = default_wait(op) if wait is None else wait
         pending = await self._send(op, args or {}, stream=False)
         try:
             reply = await asyncio.wait_for(pending.future, wait)
+        except TimeoutError:
+            raise AgentTimeout(op, wait) from None
         finally:
             self._forget(pending)
         return _result(reply)
@@ -119,14 +144,18 @@ class AgentChannel:
     async def stream(
         self, op: str, args: dict[str, Any], *, wait: float | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        """Send a streaming request; yield its events, then ``{"event": "result", ...}``."""
+        """Send a streaming request; yield its events, then ``{"event": "result", ...}``.
+
+        ``wait`` (default :func:`default_wait`) bounds the whole request.
+        """
+        wait = default_wait(op) if wait is None else wait
         pending = await self._send(op, args, stream=True)
         assert pending.events is not None
         loop = asyncio.get_running_loop()
-        deadline = None if wait is None else loop.time() + wait
+        deadline = loop.time() + wait
         try:
             while True:
-                left = None if deadline is None else max(0.0, deadline - loop.time())
+                left = max(0.0, deadline - loop.time())
                 getter = asyncio.ensure_future(pending.events.get())
                 done, _ = await asyncio.wait(
                     {getter, pending.future}, timeout=left, return_when=asyncio.FIRST_COMPLETED
@@ -136,7 +165,7 @@ class AgentChannel:
                     continue
                 getter.cancel()
                 if not done:
-                    raise TimeoutError(f"agent request {op} timed out")
+                    raise AgentTimeout(op, wait)
                 while not pending.events.empty():
                     yield pending.events.get_nowait()
                 yield {"event": "result", **_result(pending.future.result())}

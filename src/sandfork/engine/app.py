@@ -16,15 +16,18 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from sandfork.backends.vm.backend import VmBackend
-from sandfork.backends.vm.qemu import ram_dir
+from sandfork.backends.vm.qemu import default_ram_dir
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
+from sandfork.engine.egress import EgressProxy, exempting
 from sandfork.engine.errors import NotFound
 from sandfork.engine.handlers.base import ApiHandler
 from sandfork.engine.handlers.channels import ChannelsHandler
 from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler
 from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
+from sandfork.engine.handlers.leases import LeaseHandler
+from sandfork.engine.handlers.lineage import LedgeredExecStreamHandler, PromoteHandler
 from sandfork.engine.handlers.repl import (
     InterruptHandler,
     RestartHandler,
@@ -47,6 +50,7 @@ from sandfork.engine.handlers.snapshots import (
     SnapshotsHandler,
 )
 from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
+from sandfork.engine.limits import Limits
 from sandfork.engine.manager import SandboxManager
 from sandfork.engine.snapshots import SNAPSHOT_ID
 from sandfork.paths import cache_dir, state_dir
@@ -73,8 +77,11 @@ def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web
         (r"/v1/templates", TemplatesHandler),
         (r"/v1/sandboxes", SandboxesHandler),
         (rf"/v1/sandboxes/{_SBX}", SandboxHandler),
+        (rf"/v1/sandboxes/{_SBX}/lease", LeaseHandler),
         (rf"/v1/sandboxes/{_SBX}/exec", ExecHandler),
         (rf"/v1/sandboxes/{_SBX}/exec/stream", ExecStreamHandler),
+        (rf"/v1/sandboxes/{_SBX}/exec/stream/ledgered", LedgeredExecStreamHandler),
+        (rf"/v1/sandboxes/{_SBX}/promote", PromoteHandler),
         (rf"/v1/sandboxes/{_SBX}/fs", FileHandler),
         (rf"/v1/sandboxes/{_SBX}/fs/dir", DirHandler),
         (rf"/v1/sandboxes/{_SBX}/fs/stat", StatHandler),
@@ -121,21 +128,40 @@ def load_or_create_api_key(runtime: Path) -> str:
 
 async def serve(config: EngineConfig) -> None:
     """Run the engine until SIGINT/SIGTERM; sandboxes keep running after it stops."""
+    os.umask(0o077)  # the database (command output), guest RAM and snapshots are private
     home = Path(config.state_dir) if config.state_dir else state_dir()
+    home.mkdir(parents=True, exist_ok=True)
+    home.chmod(0o700)
     runtime = home / "run"
     api_key = load_or_create_api_key(runtime)
     db = Database(home / "engine.sqlite")
-    backend = VmBackend(config.accelerator, config.boot_timeout)
-    captures = BootCaptures(cache_dir() / "boot-snapshots") if config.boot_snapshots else None
+    ram = Path(config.ram_dir) if config.ram_dir else default_ram_dir(home)
+    ram.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The guests' only way out (engine/egress.py); a restarted engine listens on the same
+    # path, named in the command line of the VMs it adopts. In the RAM folder: a short path.
+    egress = EgressProxy(ram / "egress.sock", exempting(config.egress_allow))
+    await egress.start()
+    backend = VmBackend(ram, config.accelerator, config.boot_timeout, egress.path)
+    captures_dir = Path(config.boot_snapshot_dir or cache_dir() / "boot-snapshots")
+    captures = BootCaptures(captures_dir) if config.boot_snapshots else None
     manager = SandboxManager(
         db,
         backend,
         home,
         captures,
-        ram_dir() / "staging",
+        ram / "staging",
         max_output=config.max_output_bytes,
         default_timeout=config.default_exec_timeout,
+        limits=Limits(
+            max_sandboxes=config.max_sandboxes,
+            max_total_memory_mb=config.max_total_memory_mb,
+            snapshot_quota_mb=config.snapshot_quota_mb,
+            ram_dir=ram,
+            snapshots_dir=home,
+        ),
     )
+    manager.agent_timeout = config.agent_timeout  # the bounds of work inside a sandbox
+    manager.max_file_bytes = config.max_file_bytes
     await manager.start()
     sockets = bind_sockets(config.port, address=config.ip)
     server = HTTPServer(make_app(manager, config, api_key), max_body_size=256 * 1024 * 1024)
@@ -144,7 +170,9 @@ async def serve(config: EngineConfig) -> None:
     host = f"[{config.ip}]" if ":" in config.ip else config.ip
     url = f"http://{host}:{port}"
     info = runtime / "engine.json"
-    info.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    partial = runtime / f".engine.json.{os.getpid()}"
+    partial.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    partial.rename(info)  # readers never see half of it
     log.info(
         "sandfork engine on %s (accelerator: %s; %s)", url, backend.accel.name, backend.accel.reason
     )
@@ -158,4 +186,5 @@ async def serve(config: EngineConfig) -> None:
         server.stop()
         info.unlink(missing_ok=True)
         await manager.stop()
+        await egress.close()
         db.close()

@@ -4,6 +4,12 @@ Creating a sandbox restores one of these instead of booting, so only the first s
 template (per memory size, CPU count, accelerator and QEMU build) pays for a cold boot. They
 live in the cache, keyed by those inputs, so every engine and test run on the machine shares
 them; a capture is built under a temporary name and renamed into place when complete.
+
+A capture is checked before use against its manifest (every file's size, a checksum of the
+device state); a damaged one, or one a restore fails from, is discarded and built again once.
+Its ``disk.qcow2`` is the backing file of every sandbox made from it (by path), so a discarded
+capture keeps that file where it is and the rebuild goes to the next generation's directory
+(``<template>-<key>``, then ``<template>-<key>.1``, ...).
 """
 
 from __future__ import annotations
@@ -11,18 +17,27 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sandfork.backends.vm.qemu import MACHINE_REVISION, create_overlay, qemu_version
 from sandfork.templates import BuiltTemplate
 
+log = logging.getLogger(__name__)
+
 CaptureFn = Callable[[dict[str, Any], Path, Path], Awaitable[None]]
 """Boots a VM of a spec on a disk and snapshots it into a directory."""
+
+T = TypeVar("T")
+
+MANIFEST = "manifest.json"
+DISK = "disk.qcow2"
+CHECKSUMMED = "devices.state"
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,15 @@ class Capture:
     dir: Path | None
     spec: dict[str, Any]
     disk: Path
+
+
+def _generations(root: Path, stem: str) -> list[tuple[int, Path]]:
+    """The capture directories of one key (discarded ones included), oldest first."""
+    found = [(0, root / stem)] if (root / stem).is_dir() else []
+    for path in root.glob(f"{stem}.*"):
+        if path.suffix[1:].isdigit():
+            found.append((int(path.suffix[1:]), path))
+    return sorted(found)
 
 
 class BootCaptures:
@@ -47,16 +71,78 @@ class BootCaptures:
         inputs = json.dumps([built.key, spec, qemu_version(), MACHINE_REVISION], sort_keys=True)
         return hashlib.sha256(inputs.encode()).hexdigest()[:16]
 
+    async def start(
+        self,
+        built: BuiltTemplate,
+        spec: dict[str, Any],
+        capture: CaptureFn,
+        use: Callable[[Capture], Awaitable[T]],
+    ) -> T:
+        """``use`` the capture for ``built`` with ``spec``; if that fails, discard the capture
+        and ``use`` a rebuilt one (once: a second failure is not the capture's fault)."""
+        current = await self.ensure(built, spec, capture)
+        try:
+            return await use(current)
+        except Exception as e:
+            assert current.dir is not None
+            log.warning("starting from boot capture %s failed (%s): rebuilding it", current.dir, e)
+            self.discard(current.dir)
+        return await use(await self.ensure(built, spec, capture))
+
     async def ensure(
         self, built: BuiltTemplate, spec: dict[str, Any], capture: CaptureFn
     ) -> Capture:
-        """The capture for ``built`` with ``spec``, made with ``capture`` if missing."""
+        """The capture for ``built`` with ``spec``, made with ``capture`` if missing or bad."""
         key = self.key(built, spec)
-        final = self.root / f"{built.name}-{key}"
+        stem = f"{built.name}-{key}"
         async with self._locks.setdefault(key, asyncio.Lock()):
-            if not (final / "manifest.json").exists():
+            dirs = _generations(self.root, stem)
+            final = next((d for _, d in reversed(dirs) if (d / MANIFEST).exists()), None)
+            if final is not None and not await asyncio.to_thread(self.valid, final):
+                log.warning("boot capture %s is damaged: rebuilding it", final)
+                self.discard(final)
+                final = None
+            if final is None:
+                generation = dirs[-1][0] + 1 if dirs else 0
+                final = self.root / (f"{stem}.{generation}" if generation else stem)
                 await self._build(built, spec, capture, key, final)
-        return Capture(final, spec, final / "disk.qcow2")
+        return Capture(final, spec, final / DISK)
+
+    @staticmethod
+    def checksum(path: Path) -> str:
+        """The SHA-256 of a file, as the manifest records it."""
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def valid(self, directory: Path) -> bool:
+        """True if every file of the capture has the size its manifest records and the
+        device state its checksum (the memory image is too big to read on every use)."""
+        try:
+            manifest = json.loads((directory / MANIFEST).read_text())
+            sizes = manifest["files"]
+            for name, size in sizes.items():
+                if (directory / name).stat().st_size != size:
+                    return False
+            return bool(
+                DISK in sizes
+                and CHECKSUMMED in sizes
+                and self.checksum(directory / CHECKSUMMED) == manifest["sha256"][CHECKSUMMED]
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+
+    def discard(self, directory: Path) -> None:
+        """Unlist a capture and free its state; its disk stays for the sandboxes over it."""
+        (directory / MANIFEST).unlink(missing_ok=True)
+        for path in list(directory.iterdir()) if directory.is_dir() else []:
+            if path.name != DISK:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
 
     async def _build(
         self, built: BuiltTemplate, spec: dict[str, Any], capture: CaptureFn, key: str, final: Path
@@ -65,16 +151,18 @@ class BootCaptures:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
-            disk = staging / "disk.qcow2"
+            disk = staging / DISK
             await asyncio.to_thread(create_overlay, built.rootfs, disk)
             await capture(spec, disk, staging)
-            (staging / "manifest.json").write_text(
-                json.dumps({"template": built.name, "template_key": built.key, "spec": spec})
-            )
+            files = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
+            checksum = await asyncio.to_thread(self.checksum, staging / CHECKSUMMED)
+            manifest = {"template": built.name, "template_key": built.key, "spec": spec}
+            manifest |= {"files": files, "sha256": {CHECKSUMMED: checksum}}
+            (staging / MANIFEST).write_text(json.dumps(manifest))
             try:
                 staging.rename(final)
             except OSError:
-                if not (final / "manifest.json").exists():
+                if not (final / MANIFEST).exists():
                     raise  # not another process winning the race: a real failure
         finally:
             shutil.rmtree(staging, ignore_errors=True)

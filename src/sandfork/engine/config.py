@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 
@@ -33,7 +33,63 @@ class EngineConfig(LoggingConfigurable):
         help="Create sandboxes by restoring a pre-booted snapshot of their template "
         "(made on first use, cached) instead of booting each one.",
     ).tag(config=True)
+    boot_snapshot_dir = Unicode(
+        "",
+        help="Directory of the pre-booted template snapshots (default: "
+        "<cache dir>/boot-snapshots, shared by every engine of the user).",
+    ).tag(config=True)
+    ram_dir = Unicode(
+        "",
+        help="Folder of this engine's guest RAM files and fork captures (default: "
+        "$SANDFORK_RAM_DIR, else a folder of its own in /dev/shm).",
+    ).tag(config=True)
+    max_sandboxes = Int(64, help="Most sandboxes running (or starting) at once.").tag(config=True)
+    max_total_memory_mb = Int(
+        0,
+        help="Most memory of all running sandboxes together, in MiB "
+        "(0: four times the machine's memory).",
+    ).tag(config=True)
+    snapshot_quota_mb = Int(
+        0, help="Most disk all visible snapshots may take, in MiB (0: the free disk space)."
+    ).tag(config=True)
     boot_timeout = Float(120.0, help="Seconds a new sandbox may take to answer.").tag(config=True)
+    allow_host_access = Bool(
+        False,
+        help="Accept `host_access: true` when creating a sandbox: its guest then reaches the "
+        "host's loopback services (at 10.0.2.2) and private networks directly. Off: every "
+        "sandbox's network reaches only the egress proxy, which refuses such addresses.",
+    ).tag(config=True)
+    egress_allow = List(
+        Unicode(),
+        help="Networks (CIDRs) the egress proxy lets sandboxes reach although they are "
+        "private or local, e.g. a package mirror at 10.1.2.3/32.",
+    ).tag(config=True)
     default_exec_timeout = Float(
         300.0, help="Timeout of an exec or run_code that names none, in seconds."
+    ).tag(config=True)
+    # -- bounds on what a client or a guest can make large or slow (see docs/design-notes.md)
+    max_request_bytes = Int(
+        2**20, help="Largest JSON request body; a larger one is answered with 413."
+    ).tag(config=True)
+    max_file_bytes = Int(
+        32 * 2**20,
+        help="Largest file the files API writes or reads in one request (larger reads: ranges).",
+    ).tag(config=True)
+    max_json_depth = Int(32, help="Deepest nesting of arrays and objects in a JSON body.").tag(
+        config=True
+    )
+    max_metadata_keys = Int(64, help="Most keys in a sandbox's or snapshot's metadata.").tag(
+        config=True
+    )
+    max_metadata_key_chars = Int(128, help="Longest metadata key, in characters.").tag(config=True)
+    max_metadata_value_bytes = Int(4096, help="Largest metadata value, in UTF-8 bytes.").tag(
+        config=True
+    )
+    max_metadata_bytes = Int(16384, help="Largest metadata in all (keys and values, UTF-8).").tag(
+        config=True
+    )
+    agent_timeout = Float(
+        30.0,
+        help="Seconds the guest agent may take to answer a request (exec and run_code: their "
+        "timeout plus this); past it the sandbox is reported unresponsive (504).",
     ).tag(config=True)

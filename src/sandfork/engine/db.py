@@ -31,7 +31,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     from_snapshot TEXT,
     disk TEXT NOT NULL,
     vm TEXT NOT NULL,
-    boot_mode TEXT NOT NULL DEFAULT 'cold'
+    boot_mode TEXT NOT NULL DEFAULT 'cold',
+    host_access INTEGER NOT NULL DEFAULT 0,
+    lease_seconds REAL
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
@@ -95,6 +97,8 @@ class SandboxRecord:
     disk: str = ""
     vm: dict[str, Any] = field(default_factory=dict)
     boot_mode: str = "cold"
+    host_access: bool = False  # the guest may reach the host's network (opt-in)
+    lease_seconds: float | None = None  # killed when its holder stops renewing for this long
 
     def to_api(self) -> dict[str, Any]:
         """The sandbox as the HTTP API shows it (PandaStack's shape plus our fields)."""
@@ -114,6 +118,8 @@ class SandboxRecord:
             "accelerator": self.accelerator,
             "error": self.error,
             "disk": self.disk,
+            "host_access": self.host_access,
+            "lease_seconds": self.lease_seconds,
         }
 
 
@@ -123,19 +129,29 @@ class Database:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(path, isolation_level=None)
+        path.chmod(0o600)  # the ledger holds command output
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA journal_mode=WAL")
+        # Durable through any crash of the engine (not of the machine), without an fsync
+        # on the event loop at every write.
+        self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
         self._migrate()
 
     def _migrate(self) -> None:
         """Add the columns that databases of earlier versions lack."""
-        have = {row["name"] for row in self._conn.execute("PRAGMA table_info(snapshots)")}
-        for column, default in (("metadata", "'{}'"), ("attachments", "'[]'")):
-            if column not in have:
-                self._conn.execute(
-                    f"ALTER TABLE snapshots ADD COLUMN {column} TEXT NOT NULL DEFAULT {default}"
-                )
+        added = {
+            "snapshots": {
+                "metadata": "TEXT NOT NULL DEFAULT '{}'",
+                "attachments": "TEXT NOT NULL DEFAULT '[]'",
+            },
+            "sandboxes": {"host_access": "INTEGER NOT NULL DEFAULT 0", "lease_seconds": "REAL"},
+        }
+        for table, columns in added.items():
+            have = {row["name"] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+            for column, declaration in columns.items():
+                if column not in have:
+                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
     def close(self) -> None:
         """Close the connection."""
@@ -147,6 +163,7 @@ class Database:
         row["metadata"] = json.dumps(record.metadata)
         row["vm"] = json.dumps(record.vm)
         row["persistent"] = int(record.persistent)
+        row["host_access"] = int(record.host_access)
         self._replace("sandboxes", row)
 
     def _replace(self, table: str, row: dict[str, Any]) -> None:
@@ -242,6 +259,7 @@ def _record(row: sqlite3.Row) -> SandboxRecord:
     data["metadata"] = json.loads(data["metadata"] or "{}")
     data["vm"] = json.loads(data["vm"])
     data["persistent"] = bool(data["persistent"])
+    data["host_access"] = bool(data["host_access"])
     return SandboxRecord(**data)
 
 

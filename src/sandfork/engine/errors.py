@@ -40,3 +40,18 @@ class Timeout(ApiError):
     """
 
     status = 504
+
+
+class TooLarge(ApiError):
+    """The request (its body, a field, or the file it asks for) is over a limit (413)."""
+
+    status = 413
+
+
+class Unresponsive(ApiError):
+    """The sandbox's guest agent did not answer within its deadline (504).
+
+    The sandbox keeps running (its info shows the condition in ``error``); it may recover.
+    """
+
+    status = 504

@@ -17,7 +17,12 @@ from typing import Any
 
 from jupyter_client.session import Session
 
-from sandfork.backends.channel import AgentChannel, AgentError
+from sandfork.backends.channel import (
+    DEFAULT_AGENT_TIMEOUT,
+    AgentChannel,
+    AgentError,
+    AgentTimeout,
+)
 from sandfork.engine.errors import NotFound, Timeout
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -129,12 +134,35 @@ class CodeRunner:
                     run.kernel_died(str(frame.get("reason", "unknown reason")))
 
     async def run(
-        self, context: str, code: str, timeout: float, max_output: int, *, silent: bool = False
+        self,
+        context: str,
+        code: str,
+        timeout: float,
+        max_output: int,
+        *,
+        margin: float = DEFAULT_AGENT_TIMEOUT,
+        silent: bool = False,
     ) -> dict[str, Any]:
         """Execute ``code`` in ``context`` and return the API result.
 
-        ``silent`` code leaves no trace in the kernel's history or execution count.
+        Past ``timeout`` the code is interrupted (:class:`Timeout`). The whole call, the
+        request to the agent and the interrupt included, ends within ``timeout + margin``:
+        past that the agent is not answering (:class:`AgentTimeout`), e.g. a guest
+        starved by a fork bomb. ``silent`` code leaves no trace in the kernel's history or
+        execution count.
         """
+        try:
+            async with asyncio.timeout(timeout + margin):
+                return await self._run(context, code, timeout, max_output, silent, margin)
+        except TimeoutError as e:
+            if isinstance(e, AgentTimeout):
+                raise
+            raise AgentTimeout("ctx.send", timeout + margin) from None
+
+    async def _run(
+        self, context: str, code: str, timeout: float, max_output: int, silent: bool, margin: float
+    ) -> dict[str, Any]:
+        wait = timeout + margin  # each request's own deadline; run() bounds them together
         msg = self._session.msg(
             "execute_request",
             {
@@ -151,7 +179,9 @@ class CodeRunner:
         try:
             try:
                 await self._agent.request(
-                    "ctx.send", {"context": context, "channel": "shell", "msg": msg}
+                    "ctx.send",
+                    {"context": context, "channel": "shell", "msg": msg},
+                    wait=wait,
                 )
             except AgentError as e:
                 if e.type == "NotFound":
@@ -160,7 +190,7 @@ class CodeRunner:
             try:
                 await asyncio.wait_for(run.done.wait(), timeout)
             except TimeoutError:
-                await self._agent.request("ctx.interrupt", {"context": context})
+                await self._agent.request("ctx.interrupt", {"context": context}, wait=wait)
                 # Let the interrupted cell finish, so the next run does not land in the
                 # window where the kernel aborts requests queued behind an error.
                 with contextlib.suppress(TimeoutError):

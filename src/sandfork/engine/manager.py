@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
@@ -16,13 +17,29 @@ from pathlib import Path
 from typing import Any
 
 from sandfork.backends.base import Backend, Instance
-from sandfork.backends.channel import AgentError, AgentUnavailable
+from sandfork.backends.channel import (
+    DEFAULT_AGENT_TIMEOUT,
+    AgentError,
+    AgentUnavailable,
+    default_wait,
+)
+from sandfork.crashpoints import crash_point
 from sandfork.engine import exchange
 from sandfork.engine.boot_captures import BootCaptures, Capture
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
-from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, Timeout
+from sandfork.engine.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    NotFound,
+    Timeout,
+    TooLarge,
+    Unresponsive,
+)
 from sandfork.engine.execution import CodeRunner
+from sandfork.engine.leases import Leases
 from sandfork.engine.ledger import Ledger, now
+from sandfork.engine.limits import Limits
 from sandfork.engine.snapshots import (
     ATTACHMENTS,
     SnapshotStore,
@@ -41,18 +58,32 @@ _AGENT_ERROR_STATUS = {
     "NotFound": 404,
     "Exists": 409,
     "Timeout": 504,
+    "TooLarge": 413,
 }
+UNRESPONSIVE = "unresponsive: "  # how a sandbox's ``error`` starts while its agent is silent
 
 
 @contextlib.contextmanager
-def _agent_failures(sandbox_id: str) -> Iterator[None]:
-    """Map the agent's errors to API errors: its own by type, no answer as a 409."""
+def _agent_failures(record: SandboxRecord) -> Iterator[None]:
+    """Map the agent's errors to API errors: its own by type, a lost connection as a 409,
+    no answer within the deadline as a 504 (and the sandbox's ``error`` says unresponsive
+    until its agent answers again)."""
     try:
         yield
+    except TimeoutError as e:
+        record.error = f"{UNRESPONSIVE}{e}"
+        raise Unresponsive(f"sandbox {record.id} is unresponsive: {e}") from e
+    except AgentUnavailable as e:
+        raise Conflict(f"sandbox {record.id} did not answer: {e}") from e
     except AgentError as e:
+        _answered(record)
         raise ApiError(e.message, _AGENT_ERROR_STATUS.get(e.type, 500)) from e
-    except (AgentUnavailable, TimeoutError) as e:
-        raise Conflict(f"sandbox {sandbox_id} did not answer: {e}") from e
+    _answered(record)
+
+
+def _answered(record: SandboxRecord) -> None:
+    if record.error is not None and record.error.startswith(UNRESPONSIVE):
+        record.error = None
 
 
 @dataclass
@@ -81,10 +112,15 @@ async def _after_resume(instance: Instance) -> None:
     await instance.agent.request("sys.reseed", {"entropy": entropy})
 
 
-def _stored_bytes(path: Path) -> int:
+def _stored_bytes(path: Path | None) -> int:
     """Bytes a file (or a directory's files) take on disk: holes are free."""
+    if path is None or not path.exists():
+        return 0
     files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
     return sum(p.stat().st_blocks * 512 for p in files)
+
+
+_WATCH_TICK = 1.0  # seconds between two checks of the VMs and the leases
 
 
 def new_sandbox_id() -> str:
@@ -105,11 +141,15 @@ class SandboxManager:
         *,
         max_output: int,
         default_timeout: float,
+        limits: Limits,
     ) -> None:
         self.db = db
+        self.limits = limits
         self.backend = backend
         self.sandboxes_dir = home / "sandboxes"
         self.snapshots = SnapshotStore(db, home, scratch)
+        self.tmp_dir = home / "tmp"  # export and import files; what a killed engine left goes
+        exchange.reset_tmp(self.tmp_dir)
         self.ledger = Ledger(db)
         self.boot_captures = boot_captures
         self._locks: dict[str, asyncio.Lock] = {}
@@ -119,26 +159,50 @@ class SandboxManager:
         self._live: dict[str, Live] = {}
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._watch_task: asyncio.Task[None] | None = None
+        self.leases = Leases(tick=_WATCH_TICK)
 
     # -- lifecycle of the manager -------------------------------------------------------
 
     async def start(self) -> None:
-        """Adopt the sandboxes an earlier engine left running, then watch them."""
+        """Adopt the sandboxes an earlier engine left running, then watch them.
+
+        Nothing is collected before every adopted VM's real disk chain has been read from
+        QEMU; VMs, RAM files and directories that no adopted sandbox owns (an engine killed
+        while a sandbox was starting) are removed.
+        """
         for record in list(self._records.values()):
-            if record.status != "running" or record.pid is None:
-                if record.status == "starting":
-                    self._mark_dead(record, "the engine stopped while the sandbox was starting")
-                continue
-            try:
-                instance = await self.backend.adopt(Path(record.dir), Path(record.disk), record.pid)
-            except Exception as e:
-                self._mark_dead(record, f"its VM was gone when the engine restarted ({e})")
-                await asyncio.to_thread(self.backend.release, Path(record.dir))
-                continue
-            self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
-            log.info("adopted sandbox %s (pid %s)", record.id, record.pid)
+            if record.status == "starting":
+                # Its creator never got an answer: the half-started VM goes (sweep below).
+                log.warning("dropping sandbox %s: the engine stopped while it started", record.id)
+                self._records.pop(record.id)
+                self.db.delete(record.id)
+            elif record.status == "running" and record.pid is not None:
+                await self._adopt(record, record.pid)
+        swept = await asyncio.to_thread(self.backend.sweep, self.sandboxes_dir, set(self._live))
+        for line in swept:
+            log.warning("removed what an interrupted operation left: %s", line)
         self.snapshots.collect(self.list())
+        await asyncio.to_thread(self.snapshots.drain)  # a clean slate before serving
+        for record in self._records.values():  # a fresh, full period for every lease
+            if record.lease_seconds is not None:
+                self.leases.hold(record.id, record.lease_seconds)
         self._watch_task = asyncio.create_task(self._watch())
+
+    async def _adopt(self, record: SandboxRecord, pid: int) -> None:
+        try:
+            instance = await self.backend.adopt(Path(record.dir), Path(record.disk), pid)
+            chain = await instance.disk_chain()
+        except Exception as e:
+            self._mark_dead(record, f"its VM was gone when the engine restarted ({e})")
+            await asyncio.to_thread(self.backend.release, Path(record.dir))
+            return
+        self.snapshots.adopt_chain(chain)
+        if record.disk != str(chain[0]):
+            log.warning("sandbox %s writes to %s, not %s: fixed", record.id, chain[0], record.disk)
+            record.disk = str(chain[0])
+            self.db.put(record)
+        self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
+        log.info("adopted sandbox %s (pid %s)", record.id, record.pid)
 
     async def stop(self) -> None:
         """Detach from every sandbox; the VMs keep running for the next engine."""
@@ -151,12 +215,18 @@ class SandboxManager:
 
     async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(_WATCH_TICK)
             for live in list(self._live.values()):
                 if not live.instance.is_alive():
                     self._mark_dead(live.record, live.instance.failure_reason() or "its VM exited")
                     self._live.pop(live.record.id, None)
                     await live.instance.destroy()
+            for sandbox_id in self.leases.expired():
+                log.warning("sandbox %s: its lease ran out; killing it", sandbox_id)
+                try:
+                    await self.kill(sandbox_id)
+                except Exception:
+                    log.exception("killing sandbox %s failed", sandbox_id)
 
     def _mark_dead(self, record: SandboxRecord, reason: str) -> None:
         log.warning("sandbox %s is dead: %s", record.id, reason)
@@ -184,39 +254,62 @@ class SandboxManager:
         cpus: int | None,
         metadata: dict[str, str],
         persistent: bool,
+        host_access: bool = False,
     ) -> SandboxRecord:
         """Create a sandbox from a template; returns once its agent answers.
 
         The template's pre-booted snapshot (booted once, default kernel idle) is restored
         when it exists, so only the first sandbox of a template pays for a cold boot.
+        Its network reaches only the egress proxy unless ``host_access``.
         """
         built = await self.template(template)
         memory_mb = memory_mb or built.spec.memory_mb
         cpus = cpus or built.spec.cpus
         spec = self.backend.spec(built, memory_mb, cpus)
+        self._check_room(1, memory_mb, 0)
         if self.boot_captures is not None:
-            capture = await self.boot_captures.ensure(built, spec, self._boot_and_capture)
-            return await self._start(
-                built.name, capture, metadata=metadata, persistent=persistent, boot_mode="template"
+            return await self.boot_captures.start(
+                built,
+                spec,
+                self._boot_and_capture,
+                lambda capture: self._start(
+                    built.name,
+                    capture,
+                    metadata=metadata,
+                    persistent=persistent,
+                    boot_mode="template",
+                    host_access=host_access,
+                ),
             )
         disk = self.snapshots.new_layer(built.rootfs)
         await asyncio.to_thread(self.backend.new_disk, built.rootfs, disk)
         return await self._start(
-            built.name, Capture(None, spec, disk), metadata=metadata, persistent=persistent
+            built.name,
+            Capture(None, spec, disk),
+            metadata=metadata,
+            persistent=persistent,
+            host_access=host_access,
         )
 
     async def create_from_snapshot(
-        self, snapshot_id: str, *, metadata: dict[str, str], persistent: bool
+        self,
+        snapshot_id: str,
+        *,
+        metadata: dict[str, str],
+        persistent: bool,
+        host_access: bool = False,
     ) -> SandboxRecord:
         """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
         with self.snapshots.in_use(snapshot_id) as snap:
             capture = Capture(self.snapshots.path(snap.id), snap.vm, Path(snap.disk))
+            self._check_room(1, snap.vm["memory_mb"], _stored_bytes(capture.dir))
             record = await self._start(
                 snap.template,
                 capture,
                 metadata=metadata,
                 persistent=persistent,
                 boot_mode="snapshot",
+                host_access=host_access,
             )
         record.from_snapshot = snap.id
         self.db.put(record)
@@ -230,15 +323,12 @@ class SandboxManager:
         metadata: dict[str, str],
         persistent: bool,
         boot_mode: str = "cold",
+        host_access: bool = False,
     ) -> SandboxRecord:
         """Start a sandbox: boot ``capture.spec`` or resume ``capture``'s snapshot."""
         sandbox_id = new_sandbox_id()
         directory = self.sandboxes_dir / sandbox_id
-        if capture.dir is None:
-            disk = capture.disk
-        else:
-            disk = self.snapshots.new_layer(capture.disk)
-            await asyncio.to_thread(self.backend.new_disk, capture.disk, disk)
+        disk = capture.disk if capture.dir is None else self.snapshots.new_layer(capture.disk)
         record = SandboxRecord(
             id=sandbox_id,
             template=template,
@@ -254,15 +344,28 @@ class SandboxManager:
             disk=str(disk),
             vm=capture.spec,
             boot_mode=boot_mode,
+            host_access=host_access,
         )
         self._records[sandbox_id] = record
         self.db.put(record)
+        self.snapshots.settle(disk)  # the record owns it now
         started = time.monotonic()
+
+        def spawned(pid: int) -> None:
+            record.pid = pid  # an engine killed from here on finds the VM to remove
+            self.db.put(record)
+            crash_point("start.spawned")
+
         try:
             if capture.dir is None:
-                instance = await self.backend.create(capture.spec, directory, disk)
+                instance = await self.backend.create(
+                    capture.spec, directory, disk, spawned, host_access=host_access
+                )
             else:
-                instance = await self.backend.restore(capture.spec, capture.dir, directory, disk)
+                await asyncio.to_thread(self.backend.new_disk, capture.disk, disk)
+                instance = await self.backend.restore(
+                    capture.spec, capture.dir, directory, disk, spawned, host_access=host_access
+                )
                 await _after_resume(instance)
         except Exception as e:
             self._forget(sandbox_id)
@@ -277,7 +380,8 @@ class SandboxManager:
 
     async def _boot_and_capture(self, spec: dict[str, Any], disk: Path, dest: Path) -> None:
         """Cold-boot a VM on ``disk``, start its default kernel, and snapshot it into ``dest``."""
-        instance = await self.backend.create(spec, dest / "vm", disk)
+        # Named uniquely: its RAM file and sockets share the engine's RAM folder.
+        instance = await self.backend.create(spec, dest / f"boot-{secrets.token_hex(6)}", disk)
         try:
             await instance.agent.request("ctx.create", {"isolated": False}, wait=300)
             await instance.snapshot(dest, dest / "scratch.qcow2")
@@ -301,7 +405,13 @@ class SandboxManager:
         """
         live = self.live(sandbox_id)
         record = live.record
+        if not hidden:
+            self.limits.check_snapshot(
+                sum(s.size_bytes for s in self.snapshots.visible()),
+                live.instance.memory_bytes(),
+            )
         async with self._sandbox_lock(sandbox_id):
+            live = self.live(sandbox_id)  # it may have been killed while we waited
             contexts = await self.call(sandbox_id, "ctx.list")
             snapshot_id = new_snapshot_id()
             # A fork's capture is thrown away once the children run: keep it off the disk.
@@ -317,9 +427,12 @@ class SandboxManager:
                 paused = await live.instance.snapshot(staging, new_disk)
             except Exception as e:
                 self.snapshots.abandon(snapshot_id, staging)
+                self.snapshots.settle(new_disk)
                 raise ApiError(f"the snapshot failed: {e}", 500) from e
+            crash_point("snapshot.frozen")
             record.disk = str(new_disk)
             self.db.put(record)
+            self.snapshots.settle(new_disk)
             snap = SnapshotRecord(
                 id=snapshot_id,
                 name=name,
@@ -336,6 +449,7 @@ class SandboxManager:
                 metadata=metadata or {},
                 attachments=stored,
             )
+            crash_point("snapshot.written")
             self.snapshots.publish(snap, staging)
         return snap
 
@@ -344,7 +458,11 @@ class SandboxManager:
     ) -> list[SandboxRecord]:
         """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
         parent = self.get(sandbox_id)
+        ram = self.live(sandbox_id).instance.memory_bytes()
+        # The capture and the children's RAM all sit in the RAM folder while the fork runs.
+        self._check_room(count, parent.memory_mb, ram + ram // count)
         snap = await self.snapshot(sandbox_id, hidden=True)
+        crash_point("fork.captured")
         try:
             children = await asyncio.gather(
                 *(
@@ -352,6 +470,7 @@ class SandboxManager:
                         snap.id,
                         metadata={**metadata, "fork_parent_id": sandbox_id},
                         persistent=parent.persistent,
+                        host_access=parent.host_access,
                     )
                     for _ in range(count)
                 ),
@@ -406,9 +525,21 @@ class SandboxManager:
     async def ledgered(
         self, sandbox_id: str, kind: str, request: dict[str, Any], call: Awaitable[dict[str, Any]]
     ) -> dict[str, Any]:
-        """Await ``call`` and append it, with its result, to the sandbox's ledger."""
+        """Await ``call`` and append it, with its result, to the sandbox's ledger.
+
+        A call that fails once it reached the sandbox (a timeout, an agent error) is recorded
+        too, as ``{"failed": {"status", "error"}}``: a resume replays the failure, so the
+        calls after it keep their numbers.
+        """
         started_at, started = now(), time.monotonic()
-        result = await call
+        try:
+            result = await call
+        except ApiError as e:
+            if not isinstance(e, NotFound):
+                failure = {"failed": {"status": e.status, "error": e.message}}
+                duration_ms = int((time.monotonic() - started) * 1000)
+                self.ledger.append(sandbox_id, kind, request, failure, started_at, duration_ms)
+            raise
         duration_ms = int((time.monotonic() - started) * 1000)
         result["seq"] = self.ledger.append(
             sandbox_id, kind, request, result, started_at, duration_ms
@@ -420,41 +551,49 @@ class SandboxManager:
         snap = self.snapshots.get(snapshot_id)
         await asyncio.to_thread(exchange.export_snapshot, snap, self.snapshots.path(snap.id), out)
 
-    async def import_snapshot(self, file: Path) -> SnapshotRecord:
-        """Add the snapshot in an exported file; its template is built here if needed."""
-        staging_id = new_snapshot_id()
-        staging = self.snapshots.staging(staging_id, in_memory=False)
+    async def import_snapshot(self, file: Path, limits: exchange.ImportLimits) -> SnapshotRecord:
+        """Add the snapshot in an exported file under a new id; its template is built here if
+        needed. Nothing in the file is trusted (see :mod:`sandfork.engine.exchange`)."""
+        snapshot_id = new_snapshot_id()
+        staging = Path(tempfile.mkdtemp(prefix="import-", dir=self.tmp_dir))
+        layers: list[Path] = []
         try:
-            manifest = await asyncio.to_thread(exchange.unpack, file, staging)
-            info = manifest["snapshot"]
-            if info["id"] in {s.id for s in self.snapshots.visible()}:
-                raise Conflict(f"snapshot {info['id']} is already here")
-            built = await self.template(info["template"])
+            stored = sum(s.size_bytes for s in self.snapshots.visible())
+
+            def admit(manifest: exchange.Manifest) -> None:  # before a member is written
+                self.limits.check_snapshot(stored, manifest.total_bytes)
+
+            manifest = await asyncio.to_thread(exchange.unpack, file, staging, limits, admit)
+            built = await self.template(manifest.fields["template"])
             if (built.boot_key, built.rootfs.parent.name) != (
-                manifest["boot_key"],
-                manifest["rootfs_key"],
+                manifest.boot_key,
+                manifest.rootfs_key,
             ):
                 raise Conflict(
                     f"this snapshot needs template {built.name!r} built from the same inputs "
-                    f"(boot {manifest['boot_key']}, image {manifest['rootfs_key']}); "
+                    f"(boot {manifest.boot_key}, image {manifest.rootfs_key}); "
                     f"here it is boot {built.boot_key}, image {built.rootfs.parent.name}"
                 )
+            await asyncio.to_thread(exchange.check_layers, staging, manifest.layers, built.rootfs)
             backing = built.rootfs
-            for i in range(manifest["layers"]):
+            for i in range(manifest.layers):
                 layer = self.snapshots.new_layer(backing)
+                layers.append(layer)
                 (staging / f"layer{i}.qcow2").rename(layer)
                 await asyncio.to_thread(exchange.rebase, layer, backing)
                 backing = layer
-            (staging / "manifest.json").unlink()
-            for name in info.get("attachments", []):
-                (staging / ATTACHMENTS).mkdir(exist_ok=True)
+            if manifest.fields["attachments"]:
+                (staging / ATTACHMENTS).mkdir()
+            for name in manifest.fields["attachments"]:
                 (staging / (exchange.ATTACHMENT_PREFIX + name)).rename(staging / ATTACHMENTS / name)
-            vm = {**info["vm"], "kernel": str(built.kernel), "initrd": str(built.initrd)}
-            snap = SnapshotRecord(**{**info, "disk": str(backing), "vm": vm})
+            vm = self.backend.spec(built, manifest.memory_mb, manifest.cpus)
+            vm["accelerator"] = manifest.accelerator  # the saved state needs the same one
+            snap = manifest.record(snapshot_id, backing, vm)
             self.snapshots.publish(snap, staging)
             return snap
         finally:
-            self.snapshots.abandon(staging_id, staging)
+            shutil.rmtree(staging, ignore_errors=True)
+            self.snapshots.settle(*layers)
             self.snapshots.collect(self.list())
 
     def delete_snapshot(self, snapshot_id: str) -> None:
@@ -462,6 +601,7 @@ class SandboxManager:
         self.snapshots.delete(snapshot_id, self.list())
 
     def _forget(self, sandbox_id: str) -> None:
+        self.leases.drop(sandbox_id)
         self._records.pop(sandbox_id, None)
         self.db.delete(sandbox_id)
         self.snapshots.collect(self.list())
@@ -491,17 +631,48 @@ class SandboxManager:
             raise Conflict(f"sandbox {sandbox_id} is not running: {reason}")
         return live
 
-    async def kill(self, sandbox_id: str) -> None:
-        """Stop a sandbox and delete everything it owns."""
+    def lease(self, sandbox_id: str, seconds: float | None) -> SandboxRecord:
+        """Start (with ``seconds``) or renew the sandbox's lease: unless renewed again within
+        its period, the watch loop kills the sandbox (see :mod:`sandfork.engine.leases`)."""
         record = self.get(sandbox_id)
-        live = self._live.pop(sandbox_id, None)
-        if live is not None:
-            await live.instance.destroy()
-        else:
-            await asyncio.to_thread(self.backend.release, Path(record.dir))
-        self._forget(sandbox_id)
+        if record.persistent:
+            raise BadRequest(f"sandbox {sandbox_id} is persistent: it holds no lease")
+        if record.status != "running":
+            raise Conflict(f"sandbox {sandbox_id} is not running: {record.error or record.status}")
+        seconds = seconds or record.lease_seconds
+        if seconds is None:
+            raise BadRequest(f"sandbox {sandbox_id} has no lease: give lease_seconds")
+        if seconds != record.lease_seconds:
+            record.lease_seconds = seconds
+            self.db.put(record)
+        self.leases.hold(sandbox_id, seconds)
+        return record
+
+    async def kill(self, sandbox_id: str) -> None:
+        """Stop a sandbox and delete everything it owns (after a snapshot in progress)."""
+        record = self.get(sandbox_id)
+        async with self._sandbox_lock(sandbox_id):
+            live = self._live.pop(sandbox_id, None)
+            if live is not None:
+                await live.instance.destroy()
+            else:
+                await asyncio.to_thread(self.backend.release, Path(record.dir))
+            crash_point("kill.destroyed")
+            self._forget(sandbox_id)
+        self._locks.pop(sandbox_id, None)
+
+    def _check_room(self, count: int, memory_mb: int, ram_bytes: int) -> None:
+        """Refuse new sandboxes that would go past the engine's limits (429)."""
+        running = [r.memory_mb for r in self._records.values() if r.status != "dead"]
+        self.limits.check_start(running, count, memory_mb, ram_bytes)
 
     # -- work inside a sandbox -------------------------------------------------------------
+    # Every agent request has a deadline: ``agent_timeout`` (exec and run_code: their own
+    # timeout plus it); reads and writes are bounded by ``max_file_bytes``. The engine sets
+    # both from its configuration.
+
+    agent_timeout: float = DEFAULT_AGENT_TIMEOUT
+    max_file_bytes: int = 32 * 2**20
 
     async def call(
         self,
@@ -511,9 +682,15 @@ class SandboxManager:
         *,
         wait: float | None = None,
     ) -> dict[str, Any]:
-        """One agent request, with agent failures mapped to API errors."""
+        """One agent request, with agent failures mapped to API errors.
+
+        ``wait`` defaults to ``agent_timeout`` (plus the agent's own kernel start time for
+        the operations that may start a kernel).
+        """
         live = self.live(sandbox_id)
-        with _agent_failures(sandbox_id):
+        if wait is None:
+            wait = default_wait(op, self.agent_timeout)
+        with _agent_failures(live.record):
             return await live.instance.agent.request(op, args, wait=wait)
 
     def _exec_args(
@@ -533,7 +710,7 @@ class SandboxManager:
         """Run a shell command; raises :class:`Timeout` when it had to be killed."""
         args = self._exec_args(cmd, timeout, env, cwd)
         result = await self.call(
-            sandbox_id, "exec", {**args, "stream": False}, wait=args["timeout"] + 30
+            sandbox_id, "exec", {**args, "stream": False}, wait=args["timeout"] + self.agent_timeout
         )
         if result.get("timed_out"):
             raise Timeout(
@@ -547,19 +724,28 @@ class SandboxManager:
         """Run a shell command, yielding ``stdout``/``stderr`` events and then ``result``."""
         live = self.live(sandbox_id)
         args = self._exec_args(cmd, timeout, env, cwd)
-        with _agent_failures(sandbox_id):
+        with _agent_failures(live.record):
             async for event in live.instance.agent.stream(
-                "exec", {**args, "stream": True}, wait=args["timeout"] + 30
+                "exec", {**args, "stream": True}, wait=args["timeout"] + self.agent_timeout
             ):
                 yield event
 
-    async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        """The bytes of a file in the sandbox."""
-        result = await self.call(sandbox_id, "fs.read", {"path": path})
+    async def read_file(
+        self, sandbox_id: str, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes:
+        """The bytes of a file in the sandbox (``length`` bytes from ``offset``, or all).
+
+        A file over ``max_file_bytes`` without a ``length`` is a 413; so is anything but a
+        regular file (a device, a pipe) without one.
+        """
+        args = {"path": path, "offset": offset, "length": length, "max_bytes": self.max_file_bytes}
+        result = await self.call(sandbox_id, "fs.read", args)
         return base64.b64decode(result["data"])
 
     async def write_file(self, sandbox_id: str, path: str, data: bytes) -> dict[str, Any]:
         """Write a file in the sandbox (parent directories are created)."""
+        if len(data) > self.max_file_bytes:
+            raise TooLarge(f"the file is larger than the limit of {self.max_file_bytes} bytes")
         return await self.call(
             sandbox_id, "fs.write", {"path": path, "data": base64.b64encode(data).decode()}
         )
@@ -571,9 +757,13 @@ class SandboxManager:
     async def run_code(
         self, sandbox_id: str, context: str, code: str, timeout: float | None
     ) -> dict[str, Any]:
-        """Run code in a code context and return its outputs."""
+        """Run code in a code context and return its outputs (within timeout + agent_timeout)."""
         live = self.live(sandbox_id)
-        with _agent_failures(sandbox_id):
+        with _agent_failures(live.record):
             return await live.runner.run(
-                context, code, timeout or self.default_timeout, self.max_output
+                context,
+                code,
+                timeout or self.default_timeout,
+                self.max_output,
+                margin=self.agent_timeout,
             )

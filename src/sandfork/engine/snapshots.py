@@ -12,12 +12,14 @@ that cannot be restored.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import re
 import secrets
 import shutil
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
@@ -57,6 +59,13 @@ def write_attachments(staging: Path, attachments: dict[str, bytes]) -> list[str]
     return sorted(attachments)
 
 
+def _delete(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 SNAPSHOT_ID = r"snap_[0-9a-f]{16}"  # what new_snapshot_id makes
 
 
@@ -75,8 +84,14 @@ class SnapshotStore:
         self.scratch = scratch
         for path in (self.dir, self.layers_dir, self.scratch):
             path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o700)
         self._records = {s.id: s for s in db.snapshots()}
         self._pending: set[str] = set()
+        self._pending_layers: set[str] = set()  # layers being created, not yet referenced
+        self._deleter = ThreadPoolExecutor(1, thread_name_prefix="sandfork-delete")
+        for folder in (self.dir, self.layers_dir, self.scratch):
+            for leftover in folder.glob(".trash-*"):  # an earlier engine died deleting them
+                _delete(leftover)
         self._in_use: Counter[str] = Counter()  # snapshots being restored right now
         for snap in [s for s in self._records.values() if s.hidden]:
             # A fork's capture lives in scratch memory and only while the fork runs.
@@ -84,10 +99,29 @@ class SnapshotStore:
             del self._records[snap.id]
 
     def new_layer(self, backing: Path) -> Path:
-        """Register a new disk layer over ``backing``; the caller creates the file."""
+        """Register a new disk layer over ``backing``; the caller creates the file.
+
+        The layer is owned from this moment: :meth:`collect` keeps it until the caller hands
+        it over (a record refers to it) or gives it up, both with :meth:`settle`.
+        """
         path = self.layers_dir / f"{secrets.token_hex(8)}.qcow2"
         self.db.add_layer(str(path), str(backing))
+        self._pending_layers.add(str(path))
         return path
+
+    def settle(self, *layers: Path) -> None:
+        """End the ownership :meth:`new_layer` started; unreferenced layers can now go."""
+        self._pending_layers.difference_update(str(layer) for layer in layers)
+
+    def adopt_chain(self, chain: list[Path]) -> None:
+        """Record a running VM's disk chain (top first) as QEMU reports it.
+
+        An engine killed between freezing a layer and saving the sandbox's record left a
+        layer the database does not know as the VM's disk: the chain read from QEMU wins.
+        """
+        for layer, backing in itertools.pairwise(chain):
+            if layer.parent == self.layers_dir:
+                self.db.add_layer(str(layer), str(backing))
 
     def staging(self, snapshot_id: str, in_memory: bool) -> Path:
         """A fresh directory to write a snapshot into: in scratch memory, or on disk."""
@@ -169,25 +203,45 @@ class SnapshotStore:
             )
         self.db.delete_snapshot(snapshot_id)
         del self._records[snapshot_id]
-        shutil.rmtree(self.path(snapshot_id, record.hidden), ignore_errors=True)
+        self._remove(self.path(snapshot_id, record.hidden))
         self.collect(sandboxes)
+
+    def _remove(self, path: Path) -> None:
+        """Delete a file or folder off the event loop: unlinking gigabytes takes a while.
+
+        Renamed first, so a snapshot id is free at once; an engine killed before the
+        deletion is done finds the leftover unowned at its next start and deletes it then.
+        """
+        doomed = path.with_name(f".trash-{path.name}")
+        with contextlib.suppress(FileNotFoundError):
+            path.rename(doomed)
+            self._deleter.submit(_delete, doomed)
+
+    def drain(self) -> None:
+        """Wait until every deletion handed to the background so far is done."""
+        self._deleter.submit(lambda: None).result()
 
     def collect(self, sandboxes: list[SandboxRecord]) -> None:
         """Delete leftovers of interrupted snapshots and every layer nothing uses."""
         scratch = list(self.scratch.iterdir()) if self.scratch.exists() else []
         for entry in [*self.dir.iterdir(), *scratch]:
+            if entry.name.startswith(".trash-"):
+                continue  # being deleted
             name = entry.name.removeprefix(".tmp-")
             if name not in self._records and name not in self._pending:
                 log.info("removing incomplete snapshot directory %s", entry)
-                shutil.rmtree(entry, ignore_errors=True)
+                self._remove(entry)
         layers = self.db.layers()
         keep: set[str] = set()
         roots = [s.disk for s in self._records.values()] + [s.disk for s in sandboxes]
+        roots += self._pending_layers
         for path in roots:
             while path in layers and path not in keep:
                 keep.add(path)
                 path = layers[path]
         for path in set(layers) - keep:
-            with contextlib.suppress(FileNotFoundError):
-                Path(path).unlink()
+            self._remove(Path(path))
             self.db.delete_layer(path)
+        for stray in self.layers_dir.glob("[!.]*.qcow2"):
+            if str(stray) not in layers:  # made by an engine killed before it was recorded
+                self._remove(stray)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Int, Unicode
+from traitlets import Float, Int, Unicode
 
 from sandfork.jupyter.engine import EngineClient
 from sandfork.jupyter.handlers import HANDLERS
@@ -25,11 +25,18 @@ class SandforkExtension(ExtensionApp):
     ).tag(config=True)
     api_key = Unicode(help="The engine's API key (with engine_url).").tag(config=True)
     max_branches = Int(8, help="Most branch notebooks one fork may open.").tag(config=True)
+    lease_seconds = Float(
+        120.0,
+        help="Lease of a sandbox made for a restored or branch notebook, until its kernel "
+        "attaches and keeps the lease itself: if the server goes first, the engine kills it.",
+    ).tag(config=True)
 
     def initialize_settings(self) -> None:
         """Make the service the handlers use."""
         engine = EngineClient(self.engine_url, self.api_key)
-        service = SandforkService(self.serverapp, engine, Operations(), self.max_branches)
+        service = SandforkService(
+            self.serverapp, engine, Operations(), self.max_branches, self.lease_seconds
+        )
         self.settings["sandfork_service"] = service
 
     def initialize_handlers(self) -> None:

@@ -65,12 +65,18 @@ class SandforkService:
     """The operations behind the handlers, for one Jupyter server."""
 
     def __init__(
-        self, serverapp: Any, engine: EngineClient, operations: Operations, max_branches: int
+        self,
+        serverapp: Any,
+        engine: EngineClient,
+        operations: Operations,
+        max_branches: int,
+        lease_seconds: float,
     ) -> None:
         self.serverapp = serverapp
         self.engine = engine
         self.operations = operations
         self.max_branches = max_branches
+        self.lease_seconds = lease_seconds  # of a new notebook's sandbox until its kernel's
         self._naming = asyncio.Lock()  # picking a free name and writing it is one step
 
     @property
@@ -212,6 +218,7 @@ class SandforkService:
                 {
                     "from_snapshot": snapshot_id,
                     "metadata": {"created_by": "jupyterlab", "restored_for": original},
+                    "lease_seconds": self.lease_seconds,
                 },
             )
             async with contextlib.AsyncExitStack() as undo:
@@ -241,8 +248,11 @@ class SandforkService:
             )
             children = [child["id"] for child in result["children"]]
             async with contextlib.AsyncExitStack() as undo:
-                for child in children:
-                    undo.push_async_callback(self._kill_sandbox, child)
+                for child in result["children"]:
+                    undo.push_async_callback(self._kill_sandbox, child["id"])
+                    if not child.get("persistent"):  # a persistent one is kept, not leased
+                        lease = {"lease_seconds": self.lease_seconds}
+                        await self.call("POST", f"/sandboxes/{child['id']}/lease", lease)
                 branches = [
                     await self._open(undo, op, path, "branch", document, child, attached.context)
                     for child in children

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_core.application import JupyterApp
-from traitlets import Bool, Int, Unicode, default
+from traitlets import Bool, Float, Int, Unicode, default
 
+from sandfork.kernel.lease import DEFAULT_SECONDS, LEASE_ENV
 from sandfork.kernel.proxy import Attachment, KernelProxy
 from sandfork.kernel.state import load_state, state_file
 from sandfork.sdk import Client, Sandbox
@@ -50,6 +51,11 @@ class SandforkKernelApp(JupyterApp):
     own_sandbox = Bool(
         help="Kill the attached sandbox at shutdown, as if the kernel had created it."
     ).tag(config=True)
+    lease_seconds = Float(
+        help="Grace period of the kernel's own sandbox: the engine kills it this long after the "
+        f"kernel stopped renewing its lease (the kernel died). Default: ${LEASE_ENV}, else "
+        f"{DEFAULT_SECONDS:g}; the engine accepts 5 to 3600."
+    ).tag(config=True)
     engine_url = Unicode(help="The engine's URL (default: as the SDK finds it).").tag(config=True)
     api_key = Unicode(help="The engine's API key (with engine_url).").tag(config=True)
 
@@ -60,6 +66,10 @@ class SandforkKernelApp(JupyterApp):
     @default("context")
     def _context_default(self) -> str:
         return os.environ.get("SANDFORK_CONTEXT", "default")
+
+    @default("lease_seconds")
+    def _lease_seconds_default(self) -> float:
+        return float(os.environ.get(LEASE_ENV) or DEFAULT_SECONDS)
 
     @default("own_sandbox")
     def _own_sandbox_default(self) -> bool:
@@ -81,6 +91,7 @@ class SandforkKernelApp(JupyterApp):
             cpu=self.cpu or None,
             persistent=self.persistent,
             metadata={"created_by": "sandfork-kernel"},
+            lease_seconds=None if self.persistent else self.lease_seconds,
             client=client,
         )
         return Attachment(sandbox, self.context, owned=True)
@@ -94,9 +105,9 @@ class SandforkKernelApp(JupyterApp):
         asyncio.run(self._serve(connection, self.attachment(state), state))
 
     async def _serve(self, connection: dict[str, Any], attachment: Attachment, state: Path) -> None:
-        proxy = KernelProxy(connection, attachment, state)
+        proxy = KernelProxy(connection, attachment, state, self.lease_seconds)
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, proxy.stop)
+        loop.add_signal_handler(signal.SIGTERM, proxy.terminate)
         # Interrupts come as messages (interrupt_mode: message); a terminal's Ctrl-C is not ours.
         loop.add_signal_handler(signal.SIGINT, lambda: None)
         await proxy.run()

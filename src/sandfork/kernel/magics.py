@@ -52,8 +52,11 @@ def parse(code: str) -> Magic | None:
     return Magic(match["name"], match["arg"] or "", lead, code[match.end() :])
 
 
-def run(magic: Magic, sandbox: Sandbox) -> Outcome:
-    """Run ``magic`` against ``sandbox``; raises :class:`MagicError` on misuse."""
+def run(magic: Magic, sandbox: Sandbox, lease_seconds: float | None = None) -> Outcome:
+    """Run ``magic`` against ``sandbox``; raises :class:`MagicError` on misuse.
+
+    A sandbox ``%restore`` creates has a lease of ``lease_seconds`` (the kernel renews it).
+    """
     name, argument = magic.name, magic.argument
     try:
         if name == "snapshot":
@@ -64,7 +67,9 @@ def run(magic: Magic, sandbox: Sandbox) -> Outcome:
         if name == "restore":
             if not re.fullmatch(SNAPSHOT_ID, argument):
                 raise MagicError("usage: %restore SNAPSHOT_ID")
-            restored = Sandbox.create(from_snapshot=argument, client=sandbox.client)
+            restored = Sandbox.create(
+                from_snapshot=argument, lease_seconds=lease_seconds, client=sandbox.client
+            )
             return Outcome(f"restored {argument} into {restored.id}", restored)
         return Outcome(describe(sandbox))
     except SandforkError as e:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -24,11 +22,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import zmq
-from jupyter_client.session import DELIM, Session
+from jupyter_client.session import DELIM
 from tornado.httpclient import HTTPClientError
 
 from sandfork.kernel import magics
+from sandfork.kernel.lease import keep_leased, renew
 from sandfork.kernel.link import GuestMessage, SandboxLink
+from sandfork.kernel.session import RelaySession, Request
 from sandfork.kernel.state import save_state
 from sandfork.sdk import Sandbox, SandforkError
 
@@ -49,51 +49,28 @@ class Attachment:
         """Remember the attachment for the process a restart starts next."""
         save_state(path, self.sandbox.id, self.context, self.owned)
 
-
-@dataclass
-class Request:
-    """A client's message, verified; its JSON parts are relayed as they were signed."""
-
-    channel: str
-    idents: list[bytes]
-    header: dict[str, Any]
-    parts: list[bytes]  # header, parent header, metadata and content: JSON
-    buffers: list[bytes]
-
-    def content(self) -> dict[str, Any]:
-        """The decoded content (only a few requests need it)."""
-        content: dict[str, Any] = json.loads(self.parts[3])
-        return content
-
-
-class RelaySession(Session):
-    """A session that checks a client's messages without decoding more than their header."""
-
-    def receive(self, channel: str, frames: list[bytes]) -> Request:
-        """The request in ``frames``; raises ``ValueError`` (or ``TypeError``, ``KeyError``)
-        unless it is well-formed and signed with the key, once, as ``deserialize`` requires."""
-        split = frames.index(DELIM)
-        signature, *parts = frames[split + 1 :]
-        if len(parts) < 4:
-            raise ValueError("malformed message")
-        if self.auth is not None:
-            if signature in self.digest_history:
-                raise ValueError(f"duplicate signature {signature!r}")
-            if not hmac.compare_digest(signature, self.sign(parts[:4])):
-                raise ValueError(f"invalid signature {signature!r}")
-            self._add_digest(signature)
-        header: dict[str, Any] = json.loads(parts[0])
-        if not isinstance(header["msg_id"], str) or not isinstance(header["msg_type"], str):
-            raise TypeError("a header without msg_id or msg_type")
-        return Request(channel, frames[:split], header, parts[:4], parts[4:])
+    @property
+    def leased(self) -> bool:
+        """True if the sandbox goes with the kernel: the kernel holds a lease on it."""
+        return self.owned and not self.sandbox.persistent
 
 
 class KernelProxy:
-    """Relays one Jupyter connection file's sockets to a sandbox's code context."""
+    """Relays one Jupyter connection file's sockets to a sandbox's code context.
 
-    def __init__(self, connection: dict[str, Any], attachment: Attachment, state: Path) -> None:
+    While it runs, it renews the lease (``lease_seconds``) of the sandbox it owns.
+    """
+
+    def __init__(
+        self,
+        connection: dict[str, Any],
+        attachment: Attachment,
+        state: Path,
+        lease_seconds: float,
+    ) -> None:
         self.attachment = attachment
         self.state = state
+        self.lease_seconds = lease_seconds
         self.session = RelaySession(
             key=connection["key"].encode(),
             signature_scheme=connection.get("signature_scheme", "hmac-sha256"),
@@ -118,7 +95,9 @@ class KernelProxy:
         self._held: dict[str, asyncio.Task[None]] = {}  # channel -> the request it waits for
         self._link = self._new_link()
         self._stop = asyncio.Event()
-        self._closing = False  # a shutdown request is being served
+        self._closing = False  # a shutdown request is being served (or SIGTERM)
+        self._restarting = False  # ... one with restart: the next process takes the sandbox
+        self._ending: asyncio.Task[None] | None = None  # the end SIGTERM asked for
 
     def _new_link(self) -> SandboxLink:
         sandbox = self.attachment.sandbox
@@ -129,17 +108,24 @@ class KernelProxy:
     async def run(self) -> None:
         """Relay until a shutdown request (or :meth:`stop`)."""
         await self._link.open()
+        sandbox = self._leased_sandbox()
+        if sandbox is not None:  # the kernel's own lease, in force before it says it attached
+            try:
+                await asyncio.to_thread(renew, sandbox, self.lease_seconds)
+            except SandforkError as e:
+                log.warning("could not take the lease of sandbox %s: %s", sandbox.id, e)
         self.attachment.save(self.state)
         loop = asyncio.get_running_loop()
         for channel in ("shell", "control", "stdin", "hb"):
             loop.add_reader(self._sockets[channel].FD, self._drain, channel)
         keep_linked = asyncio.create_task(self._keep_linked())
+        leased = asyncio.create_task(keep_leased(self._leased_sandbox, self.lease_seconds))
         try:
             await self._stop.wait()
         finally:
             for channel in ("shell", "control", "stdin", "hb"):
                 loop.remove_reader(self._sockets[channel].FD)
-            tasks = [keep_linked, *self._held.values()]
+            tasks = [keep_linked, leased, *self._held.values()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -151,6 +137,51 @@ class KernelProxy:
     def stop(self) -> None:
         """End :meth:`run`."""
         self._stop.set()
+
+    def terminate(self) -> None:
+        """SIGTERM: end now, killing the kernel's own sandbox first.
+
+        Not when a restart is under way (jupyter_client sends SIGTERM to a kernel slow to
+        restart): the sandbox is then the next process's; nor twice.
+        """
+        if self._ending is None:
+            self._ending = asyncio.create_task(self._end())
+
+    async def _end(self) -> None:
+        if self._closing and not self._restarting:
+            return  # a shutdown request is killing the sandbox and then stops the relay
+        if self._restarting or self._restart_requested():
+            self.stop()
+            return
+        self._closing = True
+        self._link.close()
+        sandbox = self.attachment.sandbox
+        if self.attachment.leased:
+            try:
+                await asyncio.to_thread(sandbox.kill)
+            except SandforkError as e:
+                log.warning("could not kill sandbox %s: %s", sandbox.id, e)
+        if self.attachment.owned:
+            self.state.unlink(missing_ok=True)
+        self.stop()
+
+    def _restart_requested(self) -> bool:
+        """True if a restart's shutdown request waits unread on the control channel (read
+        while the channel waits for an interrupt, say); the messages are ours to drop."""
+        sock = self._sockets["control"]
+        while cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            try:
+                request = self.session.receive("control", frames)
+                if request.header["msg_type"] == "shutdown_request":
+                    return bool(request.content().get("restart"))
+            except (ValueError, TypeError, KeyError):
+                continue
+        return False
+
+    def _leased_sandbox(self) -> Sandbox | None:
+        """The sandbox whose lease the kernel keeps, if it keeps one now."""
+        return None if self._closing or not self.attachment.leased else self.attachment.sandbox
 
     def _drain(self, channel: str) -> None:
         """Handle every message waiting on ``channel`` (ZMQ's descriptor is edge-triggered:
@@ -226,7 +257,7 @@ class KernelProxy:
         """
         restart = bool(request.content().get("restart"))
         sandbox = self.attachment.sandbox
-        self._closing = True
+        self._closing, self._restarting = True, restart
         try:
             if restart:
                 await self._link.restart()
@@ -248,7 +279,8 @@ class KernelProxy:
         """Run a proxy magic, then have the guest run its stand-in in the request's place."""
         outcome: magics.Outcome | magics.MagicError
         try:
-            outcome = await asyncio.to_thread(magics.run, magic, self.attachment.sandbox)
+            lease = self.lease_seconds  # a restored sandbox is the kernel's own: leased
+            outcome = await asyncio.to_thread(magics.run, magic, self.attachment.sandbox, lease)
         except magics.MagicError as e:
             outcome = e
         if isinstance(outcome, magics.Outcome) and outcome.sandbox is not None:

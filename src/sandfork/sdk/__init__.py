@@ -6,12 +6,14 @@ from sandfork.sdk.errors import (
     BadRequestError,
     CommandFailed,
     ConflictError,
+    LimitExceeded,
     NotFoundError,
     ReplayMismatch,
     SandboxTimeout,
     SandforkError,
     ServerError,
 )
+from sandfork.sdk.explore import Code, Command, ExploreResult, explore, promote
 from sandfork.sdk.models import ExecResult, Execution, ExecutionError, Result
 from sandfork.sdk.sandbox import CodeContext, Filesystem, Sandbox
 from sandfork.sdk.snapshots import Snapshot
@@ -20,13 +22,17 @@ __all__ = [
     "AuthError",
     "BadRequestError",
     "Client",
+    "Code",
     "CodeContext",
+    "Command",
     "CommandFailed",
     "ConflictError",
     "ExecResult",
     "Execution",
     "ExecutionError",
+    "ExploreResult",
     "Filesystem",
+    "LimitExceeded",
     "NotFoundError",
     "ReplayMismatch",
     "Result",
@@ -35,4 +41,6 @@ __all__ = [
     "SandforkError",
     "ServerError",
     "Snapshot",
+    "explore",
+    "promote",
 ]

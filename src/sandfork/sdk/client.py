@@ -11,6 +11,7 @@ from sandfork.sdk.errors import (
     AuthError,
     BadRequestError,
     ConflictError,
+    LimitExceeded,
     NotFoundError,
     SandboxTimeout,
     SandforkError,
@@ -21,6 +22,7 @@ _ERRORS: dict[int, type[SandforkError]] = {
     401: AuthError,
     404: NotFoundError,
     409: ConflictError,
+    429: LimitExceeded,
     504: SandboxTimeout,
 }
 
@@ -56,10 +58,14 @@ class Client:
                 message = str(response.json().get("error"))
             except ValueError:
                 message = response.text or f"HTTP {response.status_code}"
-            status = response.status_code
-            kind = _ERRORS.get(status) or (ServerError if status >= 500 else BadRequestError)
-            raise kind(message)
+            raise error_for(response.status_code, message)
         return response
+
+
+def error_for(status: int, message: str) -> SandforkError:
+    """The SDK error for an engine's failure answer with this HTTP status."""
+    kind = _ERRORS.get(status) or (ServerError if status >= 500 else BadRequestError)
+    return kind(message)
 
 
 _default: Client | None = None

@@ -23,6 +23,11 @@ class ConflictError(SandforkError):
     """The sandbox cannot do this now, e.g. it is dead (409)."""
 
 
+class LimitExceeded(BadRequestError):
+    """The engine is at one of its limits: sandboxes, memory, scratch RAM or snapshot quota
+    (429); the message names it."""
+
+
 class SandboxTimeout(SandforkError):
     """A command or cell ran past its timeout and was stopped."""
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandfork.sdk.client import Client, default_client
+from sandfork.sdk.client import Client, default_client, error_for
 from sandfork.sdk.errors import (
     CommandFailed,
     NotFoundError,
@@ -16,6 +16,7 @@ from sandfork.sdk.errors import (
     SandboxTimeout,
     SandforkError,
 )
+from sandfork.sdk.explore import Candidate, ExploreResult, ScoreFn, explore_forks, promote_fork
 from sandfork.sdk.models import ExecResult, Execution
 
 
@@ -116,6 +117,7 @@ class Sandbox:
     metadata: dict[str, str] = field(default_factory=dict)
     persistent: bool = False
     boot_ms: int | None = None
+    lease_seconds: float | None = None
     client: Client = field(default_factory=default_client, repr=False, compare=False)
     _replay: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
     _calls: int = field(default=0, repr=False, compare=False)
@@ -133,6 +135,7 @@ class Sandbox:
             metadata=data.get("metadata") or {},
             persistent=bool(data.get("persistent")),
             boot_ms=data.get("boot_ms"),
+            lease_seconds=data.get("lease_seconds"),
             client=client,
         )
 
@@ -146,23 +149,33 @@ class Sandbox:
         metadata: dict[str, str] | None = None,
         persistent: bool = False,
         from_snapshot: str | None = None,
+        lease_seconds: float | None = None,
+        host_access: bool = False,
         client: Client | None = None,
     ) -> Sandbox:
         """Create a sandbox from ``template`` (built on first use) and wait until it answers.
 
         With ``from_snapshot``, the sandbox resumes that snapshot instead: its code
         contexts, their variables and imports, its files and installed packages.
+        With ``lease_seconds``, the engine kills it unless :meth:`renew_lease` is called
+        within that many seconds, again and again.
+        ``host_access`` lets it reach the host's loopback and private networks (the engine
+        must allow it); otherwise it reaches only the engine's egress proxy.
         """
         client = client or default_client()
         body: dict[str, Any] = {"template": template, "persistent": persistent}
         if from_snapshot is not None:
             body["from_snapshot"] = from_snapshot
+        if host_access:
+            body["host_access"] = True
         if memory_mb is not None:
             body["memory_mb"] = memory_mb
         if cpu is not None:
             body["cpu"] = cpu
         if metadata:
             body["metadata"] = metadata
+        if lease_seconds is not None:
+            body["lease_seconds"] = lease_seconds
         return cls._from_api(client.request("POST", "/sandboxes", json=body), client)
 
     @classmethod
@@ -318,13 +331,33 @@ class Sandbox:
         if entry["kind"] != kind or entry["request"] != request:
             recorded = {"kind": entry["kind"], **entry["request"]}
             raise ReplayMismatch(self._calls, recorded, {"kind": kind, **request})
+        failed = entry["result"].get("failed")
+        if failed is not None:  # the call failed the first time: it fails the same way
+            raise error_for(failed["status"], failed["error"])
         return entry["result"]  # type: ignore[no-any-return]
+
+    def promote(
+        self, *, kill_parent: bool = True, kill_siblings: bool = False
+    ) -> builtins.list[str]:
+        """Make this fork child the one that goes on; see :func:`sandfork.sdk.explore.promote`."""
+        return promote_fork(self, kill_parent=kill_parent, kill_siblings=kill_siblings)
+
+    def explore(self, candidates: Sequence[Candidate], score_fn: ScoreFn) -> ExploreResult:
+        """Best-of-N over forks of this sandbox; see :func:`sandfork.sdk.explore.explore`."""
+        return explore_forks(self, candidates, score_fn)
 
     def refresh(self) -> Sandbox:
         """Reload status and fields from the engine."""
         fresh = Sandbox.get(self.id, self.client)
         self.status, self.metadata = fresh.status, fresh.metadata
         return self
+
+    def renew_lease(self, lease_seconds: float | None = None) -> None:
+        """Renew the sandbox's lease (or start one, with ``lease_seconds``): the engine kills
+        the sandbox when this is not called again within the lease's period."""
+        body = {} if lease_seconds is None else {"lease_seconds": lease_seconds}
+        data = self.client.request("POST", f"/sandboxes/{self.id}/lease", json=body)
+        self.lease_seconds = data["lease_seconds"]
 
     def kill(self) -> None:
         """Stop the sandbox and delete everything it owns."""

@@ -67,7 +67,8 @@ class Snapshot:
 
     @classmethod
     def import_file(cls, path: str | Path, client: Client | None = None) -> Snapshot:
-        """Add the snapshot exported to ``path``; a damaged file is refused."""
+        """Add the snapshot exported to ``path`` (under a new id); a damaged or hostile file
+        is refused."""
         client = client or default_client()
         with Path(path).open("rb") as f:
             data = client.request("POST", "/snapshots/import", data=f)

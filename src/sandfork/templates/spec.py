@@ -52,6 +52,7 @@ __all__ = [
     "BaseImage",
     "TemplateSpec",
     "builtin_templates_dir",
+    "check_template_name",
     "list_specs",
     "load_spec",
     "parse_spec",
@@ -324,18 +325,31 @@ def _spec_files() -> dict[str, Path]:
     return found
 
 
-def load_spec(name_or_path: str | Path) -> TemplateSpec:
-    """Load a spec by template name (user specs first, then builtin) or from a ``.toml`` path.
+def check_template_name(name: str) -> str:
+    """``name`` if it is a valid template name, else a ``TemplateError`` (echoing the name,
+    never a file)."""
+    if not _NAME_RE.fullmatch(name):
+        raise TemplateError(
+            f"bad template name {name[:100]!r}: a template is named, not pathed (lowercase"
+            " letters, digits, '.', '_', '-'; at most 63 characters)"
+        )
+    return name
 
-    A ``Path``, or a string that contains ``/`` or ends in ``.toml``, is read as a file.
+
+def load_spec(name_or_path: str | Path) -> TemplateSpec:
+    """Load a spec by template name (user specs first, then builtin), or from a file.
+
+    A string is only ever a template name (see :func:`check_template_name`): one that looks
+    like a path is refused without touching the file system, so names from untrusted callers
+    are safe to pass. Only a ``Path`` object is read as a spec file.
     """
-    if isinstance(name_or_path, Path) or "/" in name_or_path or name_or_path.endswith(".toml"):
-        path = Path(name_or_path).expanduser()
+    if isinstance(name_or_path, Path):
+        path = name_or_path.expanduser()
         if not path.is_file():
             raise TemplateError(f"{path}: template spec file not found")
         return _read_spec_file(path)
     files = _spec_files()
-    path_for_name = files.get(name_or_path)
+    path_for_name = files.get(check_template_name(name_or_path))
     if path_for_name is None:
         known = ", ".join(sorted(files)) or "none"
         raise TemplateError(f"unknown template {name_or_path!r} (known templates: {known})")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sandfork.backends.vm.accel import Accelerator, detect_accelerator
-from sandfork.backends.vm.machine import Machine, release
-from sandfork.backends.vm.qemu import VmLayout, VmSpec, create_overlay
+from sandfork.backends.vm.machine import Machine, kill_process, qemu_processes, release
+from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, create_overlay
 from sandfork.templates import BuiltTemplate
 
 
@@ -16,9 +17,19 @@ class VmBackend:
 
     name = "vm"
 
-    def __init__(self, accelerator: str = "auto", boot_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        ram_dir: Path,
+        accelerator: str = "auto",
+        boot_timeout: float = 120.0,
+        egress_socket: Path | None = None,
+    ):
         self.accel: Accelerator = detect_accelerator(accelerator)
         self.boot_timeout = boot_timeout
+        # The engine's egress proxy (engine/egress.py), forwarded into every guest.
+        self.egress_socket = egress_socket
+        self.ram_dir = ram_dir
+        ram_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     @property
     def accelerator(self) -> str:
@@ -39,22 +50,77 @@ class VmBackend:
         """Create ``disk`` as a copy-on-write overlay of ``base``."""
         create_overlay(base, disk)
 
-    async def create(self, spec: dict[str, Any], directory: Path, disk: Path) -> Machine:
-        """Boot a new VM of ``spec`` on ``disk``."""
-        layout = VmLayout(directory, disk)
-        return await Machine.launch(VmSpec.from_dict(spec), layout, self.boot_timeout)
+    async def create(
+        self,
+        spec: dict[str, Any],
+        directory: Path,
+        disk: Path,
+        spawned: Callable[[int], None] | None = None,
+        *,
+        host_access: bool = False,
+    ) -> Machine:
+        """Boot a new VM of ``spec`` on ``disk``; ``spawned`` gets QEMU's pid at once.
+
+        Its network reaches only the egress proxy unless ``host_access``.
+        """
+        layout = VmLayout(directory, disk, self.ram_dir)
+        return await Machine.launch(
+            VmSpec.from_dict(spec),
+            layout,
+            self.boot_timeout,
+            spawned=spawned,
+            network=self._network(host_access),
+        )
 
     async def restore(
-        self, spec: dict[str, Any], snapshot: Path, directory: Path, disk: Path
+        self,
+        spec: dict[str, Any],
+        snapshot: Path,
+        directory: Path,
+        disk: Path,
+        spawned: Callable[[int], None] | None = None,
+        *,
+        host_access: bool = False,
     ) -> Machine:
-        """Start a VM that resumes the snapshot in ``snapshot`` on ``disk``."""
-        layout = VmLayout(directory, disk)
-        return await Machine.launch(VmSpec.from_dict(spec), layout, self.boot_timeout, snapshot)
+        """Start a VM that resumes the snapshot in ``snapshot`` on ``disk``.
+
+        The network is the new VM's own choice: a snapshot taken under either restores in both.
+        """
+        layout = VmLayout(directory, disk, self.ram_dir)
+        return await Machine.launch(
+            VmSpec.from_dict(spec),
+            layout,
+            self.boot_timeout,
+            snapshot,
+            spawned,
+            self._network(host_access),
+        )
+
+    def _network(self, host_access: bool) -> Network:
+        return Network(egress_socket=self.egress_socket, host_access=host_access)
 
     async def adopt(self, directory: Path, disk: Path, pid: int) -> Machine:
         """Re-attach to a VM an earlier engine process started."""
-        return await Machine.adopt(VmLayout(directory, disk), pid)
+        return await Machine.adopt(VmLayout(directory, disk, self.ram_dir), pid)
 
     def release(self, directory: Path) -> None:
         """Delete the directory and RAM file of a VM that is gone."""
-        release(directory)
+        release(self.ram_dir, directory)
+
+    def sweep(self, root: Path, keep: set[str]) -> list[str]:
+        """Kill and delete every VM under ``root`` whose directory name is not in ``keep``:
+        QEMU processes, directories and RAM files that no sandbox owns. Returns what went."""
+        gone = []
+        for name, pid in qemu_processes(root).items():
+            if name not in keep:
+                kill_process(pid)
+                gone.append(f"QEMU process {pid} ({name})")
+        for directory in list(root.iterdir()) if root.exists() else []:
+            if directory.name not in keep:
+                release(self.ram_dir, directory)
+                gone.append(f"directory {directory}")
+        for path in list(self.ram_dir.iterdir()):
+            if path.suffix in VM_FILE_SUFFIXES and path.stem not in keep:
+                path.unlink(missing_ok=True)
+                gone.append(f"file {path}")
+        return gone

@@ -10,17 +10,21 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from qemu.qmp import ConnectError, QMPClient
 
 from sandfork.backends.channel import AgentChannel
-from sandfork.backends.vm.qemu import VmLayout, VmSpec, command_line, ram_file
+from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, command_line
 
 MEMORY_FILE = "memory.img"
 DEVICES_FILE = "devices.state"
+
+
+GUEST_NICENESS = 10
+_MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 
 class VmError(Exception):
@@ -42,31 +46,51 @@ class Machine:
 
     @classmethod
     async def launch(
-        cls, spec: VmSpec, layout: VmLayout, boot_timeout: float, snapshot: Path | None = None
+        cls,
+        spec: VmSpec,
+        layout: VmLayout,
+        boot_timeout: float,
+        snapshot: Path | None = None,
+        spawned: Callable[[int], None] | None = None,
+        network: Network | None = None,
     ) -> Machine:
         """Start a VM on ``layout.disk`` and wait for its agent.
 
         Without ``snapshot`` the guest boots; with it, the VM resumes the snapshot's memory
         image and device state (written by :meth:`snapshot`), which must come from a VM of
-        the same ``spec``.
+        the same ``spec``. ``spawned`` is told QEMU's pid as soon as the process exists, so
+        that an engine killed while the VM comes up leaves a process it can find again.
+        ``network`` defaults to a restricted one; a snapshot restores under any network.
         """
-        layout.dir.mkdir(parents=True, exist_ok=True)
-        layout.ram_file.parent.mkdir(parents=True, exist_ok=True)
-        command = command_line(spec, layout)
+        longest = max((layout.agent_socket, layout.qmp_socket), key=lambda p: len(str(p)))
+        if len(os.fsencode(longest)) > _MAX_SOCKET_PATH:
+            raise VmError(
+                f"the socket path {longest} is longer than the {_MAX_SOCKET_PATH} bytes a Unix "
+                "socket allows: use a shorter state directory"
+            )
+        layout.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        layout.ram_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        command = command_line(spec, layout, network or Network())
         if snapshot is not None:
             await asyncio.to_thread(copy_sparse, snapshot / MEMORY_FILE, layout.ram_file)
             command += ["-incoming", "defer"]
         with layout.qemu_log.open("wb") as log:
             process = subprocess.Popen(
-                command,
+                # Guests yield to the engine, so its API stays responsive on a busy machine:
+                # a lower priority, and SCHED_BATCH, whose threads never preempt the engine
+                # when they wake up (every request to a VM wakes one of its threads).
+                ["chrt", "--batch", "0", "nice", "-n", str(GUEST_NICENESS), *command],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=layout.dir,
+                umask=0o077,  # guest RAM, disk layers and sockets are private to this user
             )
         machine = cls(layout, process.pid, process)
         try:
+            if spawned is not None:
+                spawned(process.pid)
             if snapshot is not None:
                 await machine._load_state(snapshot / DEVICES_FILE, boot_timeout)
             await machine.agent.connect(timeout=boot_timeout, alive=machine.is_alive)
@@ -118,6 +142,25 @@ class Machine:
                 if tail:
                     parts.append(f"{path.name}: " + " | ".join(tail))
         return "; ".join(parts)
+
+    def memory_bytes(self) -> int:
+        """Guest memory the VM has touched (the data in its RAM file)."""
+        try:
+            return self.layout.ram_file.stat().st_blocks * 512
+        except OSError:
+            return 0
+
+    async def disk_chain(self) -> list[Path]:
+        """The files of the VM's root disk as QEMU has them open, top (written) first."""
+        devices = await self.qmp("query-block")
+        for device in devices:
+            if device.get("device") == "root" and "inserted" in device:
+                chain, image = [], device["inserted"]["image"]
+                while image is not None:
+                    chain.append(Path(image["filename"]))
+                    image = image.get("backing-image")
+                return chain
+        raise VmError("QEMU reports no root disk")
 
     async def qmp(self, command: str, **arguments: Any) -> Any:
         """Run one QMP command on this VM."""
@@ -185,7 +228,7 @@ class Machine:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         await asyncio.to_thread(self._reap)
-        await asyncio.to_thread(release, self.layout.dir)
+        await asyncio.to_thread(release, self.layout.ram_dir, self.layout.dir)
 
     def _reap(self) -> None:
         if self._process is not None:
@@ -213,10 +256,42 @@ async def _wait_migration(qmp: QMPClient, timeout: float) -> None:
         await asyncio.sleep(0.005)
 
 
-def release(directory: Path) -> None:
-    """Delete a stopped VM's directory (sockets, logs) and its RAM file."""
-    ram_file(directory).unlink(missing_ok=True)
+def release(ram_dir: Path, directory: Path) -> None:
+    """Delete a stopped VM's directory (logs), its RAM file and its sockets."""
+    for suffix in VM_FILE_SUFFIXES:
+        (ram_dir / f"{directory.name}{suffix}").unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def qemu_processes(root: Path) -> dict[str, int]:
+    """The QEMU processes running a VM whose directory is in ``root``: {directory name: pid}."""
+    found = {}
+    marker = f"{root}/".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not args[0].endswith(b"qemu-system-x86_64") or b"-serial" not in args:
+            continue
+        console = args[args.index(b"-serial") + 1].removeprefix(b"file:")  # <dir>/console.log
+        if console.startswith(marker):
+            found[Path(console.decode()).parent.name] = int(proc.name)
+    return found
+
+
+def kill_process(pid: int) -> None:
+    """SIGKILL ``pid`` and wait (briefly) until it is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        time.sleep(0.01)
 
 
 def copy_sparse(source: Path, dest: Path) -> None:

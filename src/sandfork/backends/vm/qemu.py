@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -17,35 +19,44 @@ from sandfork.backends.vm.accel import Accelerator
 _QBOOT = Path("/usr/share/qemu/qboot.rom")
 
 
-def ram_dir() -> Path:
-    """Where guest RAM files live: shared memory, so guest RAM never waits on a disk."""
-    return Path(os.environ.get("SANDFORK_RAM_DIR", "/dev/shm/sandfork"))
+def default_ram_dir(state_dir: Path) -> Path:
+    """Where one engine's guest RAM files live: shared memory, so guest RAM never waits on a
+    disk, in a folder of that engine alone (``$SANDFORK_RAM_DIR`` names it outright)."""
+    if os.environ.get("SANDFORK_RAM_DIR"):
+        return Path(os.environ["SANDFORK_RAM_DIR"])
+    engine = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    return Path("/dev/shm") / f"sandfork-{os.getuid()}" / engine
 
 
-def ram_file(directory: Path) -> Path:
+def ram_file(ram_dir: Path, directory: Path) -> Path:
     """The RAM file of the VM whose directory is ``directory``."""
-    return ram_dir() / f"{directory.name}.ram"
+    return ram_dir / f"{directory.name}.ram"
+
+
+VM_FILE_SUFFIXES = (".ram", ".qmp", ".agent")  # what a VM keeps in the RAM folder
 
 
 @dataclass(frozen=True)
 class VmLayout:
-    """The files of one VM: its directory (sockets, logs), its disk and its RAM file."""
+    """The files of one VM: its directory (logs), its disk, and in the RAM folder its RAM file
+    and sockets (a short path there: a Unix socket's path has room for 107 bytes)."""
 
     dir: Path
     disk: Path
+    ram_dir: Path
 
     @property
     def ram_file(self) -> Path:
         """Guest RAM, a shared file mapping: a snapshot copies it while the VM is paused."""
-        return ram_file(self.dir)
+        return ram_file(self.ram_dir, self.dir)
 
     @property
     def qmp_socket(self) -> Path:
-        return self.dir / "qmp.sock"
+        return self.ram_dir / f"{self.dir.name}.qmp"
 
     @property
     def agent_socket(self) -> Path:
-        return self.dir / "agent.sock"
+        return self.ram_dir / f"{self.dir.name}.agent"
 
     @property
     def console_log(self) -> Path:
@@ -92,7 +103,41 @@ class VmSpec:
 
 
 # Bump when command_line() changes the VM's devices: saved VM states depend on them.
-MACHINE_REVISION = 1
+# 2: restricted user network with the egress proxy's guestfwd.
+MACHINE_REVISION = 2
+
+#: Where the guest finds the engine's egress proxy (the guest init points HTTP(S)_PROXY here).
+EGRESS_GUEST_ADDRESS = "10.0.2.100"
+EGRESS_GUEST_PORT = 3128
+
+
+@dataclass(frozen=True)
+class Network:
+    """A VM's user-mode network; not part of :class:`VmSpec`, so a snapshot restores in either.
+
+    By default the network is restricted (``restrict=on``): the guest reaches neither the host
+    (``10.0.2.2`` is the host's loopback) nor anything else, except the engine's egress proxy
+    on ``egress_socket``, forwarded into the guest at ``10.0.2.100:3128``. ``host_access``
+    gives the unrestricted slirp network (host loopback included), the proxy still forwarded.
+    """
+
+    egress_socket: Path | None = None
+    host_access: bool = False
+
+    def netdev(self) -> str:
+        """The ``-netdev`` option value."""
+        options = ["user", "id=net0"]
+        if not self.host_access:
+            options.append("restrict=on")
+        if self.egress_socket is not None:
+            path = str(self.egress_socket)
+            if "," in path or ":" in path:
+                # socat would read either as the start of its address options.
+                raise ValueError(f"the egress socket path may not contain ',' or ':': {path}")
+            # libslirp runs the command (split like a shell would) for each connection.
+            command = f"socat STDIO UNIX-CONNECT:{shlex.quote(path)}"
+            options.append(f"guestfwd=tcp:{EGRESS_GUEST_ADDRESS}:{EGRESS_GUEST_PORT}-cmd:{command}")
+        return ",".join(options)
 
 
 @functools.cache
@@ -122,7 +167,7 @@ def create_overlay(base: Path, overlay: Path) -> None:
     )
 
 
-def command_line(spec: VmSpec, layout: VmLayout) -> list[str]:
+def command_line(spec: VmSpec, layout: VmLayout, network: Network) -> list[str]:
     """The full QEMU command line for ``spec`` with its files in ``layout``."""
     firmware = ["-bios", str(_QBOOT)] if _QBOOT.exists() else []
     return [
@@ -145,7 +190,7 @@ def command_line(spec: VmSpec, layout: VmLayout) -> list[str]:
         "-device", "virtio-serial-pci",
         "-chardev", f"socket,id=agent,path={layout.agent_socket},server=on,wait=off",
         "-device", "virtserialport,chardev=agent,name=sandfork.agent",
-        "-netdev", "user,id=net0",
+        "-netdev", network.netdev(),
         "-device", "virtio-net-pci,netdev=net0",
         "-object", "rng-random,id=rng0,filename=/dev/urandom",
         "-device", "virtio-rng-pci,rng=rng0",

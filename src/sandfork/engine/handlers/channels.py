@@ -22,7 +22,7 @@ from jupyter_client.jsonutil import json_default
 from tornado import websocket
 from tornado.ioloop import PeriodicCallback
 
-from sandfork.backends.channel import AgentError, AgentUnavailable
+from sandfork.backends.channel import AgentError, AgentTimeout, AgentUnavailable, default_wait
 from sandfork.engine.errors import ApiError
 from sandfork.engine.handlers.base import API_KEY_REQUIRED, has_api_key
 from sandfork.engine.manager import Live, SandboxManager
@@ -98,7 +98,7 @@ class ChannelsHandler(websocket.WebSocketHandler):
     async def on_message(self, message: str | bytes) -> None:
         try:
             frame = json.loads(message)
-        except ValueError:
+        except (ValueError, RecursionError):
             log.debug("dropping a channel frame that is not JSON")
             return
         if not isinstance(frame, dict) or frame.get("channel") not in CLIENT_CHANNELS:
@@ -109,12 +109,13 @@ class ChannelsHandler(websocket.WebSocketHandler):
         msg["buffers"] = frame.get("buffers") or []
         args = {"context": self._context, "channel": frame["channel"], "msg": msg}
         try:
-            await self._live.instance.agent.request("ctx.send", args)
+            wait = default_wait("ctx.send", self.manager.agent_timeout)
+            await self._live.instance.agent.request("ctx.send", args, wait=wait)
         except AgentError as e:
             self._report_dead(f"{e.type}: {e.message}")
             if e.type == "NotFound":
                 self.close(4004, f"no code context {self._context!r} in this sandbox")
-        except AgentUnavailable as e:
+        except (AgentUnavailable, AgentTimeout) as e:
             self._report_dead(str(e))
             self.close(1011, f"sandbox {self._sandbox_id} did not answer")
 

@@ -8,21 +8,24 @@ from typing import Any
 from tornado.iostream import StreamClosedError
 
 from sandfork.engine.errors import ApiError, BadRequest
-from sandfork.engine.handlers.base import ApiHandler, field, timeout_field
+from sandfork.engine.handlers.base import ApiHandler
+from sandfork.engine.handlers.validate import (
+    MAX_PATH_CHARS,
+    env_field,
+    text_field,
+    timeout_field,
+)
 
 
 def _exec_args(body: dict[str, Any]) -> dict[str, Any]:
-    cmd = field(body, "cmd", str)
+    cmd = text_field(body, "cmd", 2**20)
     if not cmd:
         raise BadRequest("field 'cmd' is required: the shell command to run")
-    env = field(body, "env", dict, {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise BadRequest("env must map strings to strings")
     return {
         "cmd": cmd,
         "timeout": timeout_field(body, "timeout_seconds"),
-        "env": env,
-        "cwd": field(body, "cwd", str),
+        "env": env_field(body),
+        "cwd": text_field(body, "cwd", MAX_PATH_CHARS),
     }
 
 

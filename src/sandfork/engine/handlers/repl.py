@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from sandfork.engine.errors import BadRequest
-from sandfork.engine.handlers.base import ApiHandler, field, timeout_field
+from sandfork.engine.handlers.base import ApiHandler
+from sandfork.engine.handlers.validate import field, text_field, timeout_field
 
 DEFAULT_CONTEXT = "default"
 
@@ -16,7 +17,7 @@ class SessionsHandler(ApiHandler):
 
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
-        language = field(body, "language", str, "python")
+        language = text_field(body, "language", 64, "python") or "python"
         if language.lower() not in ("python", "python3", "py"):
             raise BadRequest(f"unsupported language {language!r}: code contexts run Python")
         isolated = field(body, "isolated", bool, False)
@@ -38,7 +39,7 @@ class RunHandler(ApiHandler):
 
     async def post(self, sandbox_id: str, context: str) -> None:
         body = self.json_body()
-        code = field(body, "code", str)
+        code = text_field(body, "code", 2**30)
         if code is None:
             raise BadRequest("field 'code' is required")
         timeout = timeout_field(body, "timeout_seconds", millis="timeout_ms")
@@ -51,6 +52,7 @@ class InterruptHandler(ApiHandler):
     """``POST``: interrupt the code running in a context (SIGINT to its kernel)."""
 
     async def post(self, sandbox_id: str, context: str) -> None:
+        self.json_body()  # takes none, but a bad or oversized one is refused
         await self.manager.call(sandbox_id, "ctx.interrupt", {"context": context})
         self.set_status(204)
         self.finish()
@@ -60,6 +62,7 @@ class RestartHandler(ApiHandler):
     """``POST``: restart a context's kernel; the context keeps its id, its state is gone."""
 
     async def post(self, sandbox_id: str, context: str) -> None:
+        self.json_body()  # takes none, but a bad or oversized one is refused
         await self.manager.call(sandbox_id, "ctx.restart", {"context": context})
         self.set_status(204)
         self.finish()

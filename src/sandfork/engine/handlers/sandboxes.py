@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from sandfork.engine.errors import BadRequest
+from sandfork.engine.errors import ApiError, BadRequest
 from sandfork.engine.handlers.base import ApiHandler, field
-from sandfork.engine.handlers.snapshots import metadata_field
+from sandfork.engine.handlers.leases import lease_field
+from sandfork.engine.handlers.validate import metadata_field, template_field, text_field
 
 
 class SandboxesHandler(ApiHandler):
@@ -16,20 +17,30 @@ class SandboxesHandler(ApiHandler):
     async def post(self) -> None:
         body = self.json_body()
         limits = self.settings["config"]
-        template = field(body, "template", str, limits.default_template)
+        template = template_field(body, limits.default_template)
         memory_mb = field(body, "memory_mb", int)
         cpus = field(body, "cpu", int)
         if memory_mb is not None and not 256 <= memory_mb <= limits.max_memory_mb:
             raise BadRequest(f"memory_mb must be between 256 and {limits.max_memory_mb}")
         if cpus is not None and not 1 <= cpus <= limits.max_cpus:
             raise BadRequest(f"cpu must be between 1 and {limits.max_cpus}")
-        metadata = metadata_field(body)
+        metadata = metadata_field(body, limits)
         persistent = bool(field(body, "persistent", bool, False))
-        from_snapshot = field(body, "from_snapshot", str)
+        lease = lease_field(body)  # killed unless renewed (POST .../lease) within this
+        if lease is not None and persistent:
+            raise BadRequest("a persistent sandbox holds no lease")
+        host_access = bool(field(body, "host_access", bool, False))
+        if host_access and not limits.allow_host_access:
+            raise ApiError(
+                "host_access is disabled on this engine (start it with --allow-host-access)", 403
+            )
+        from_snapshot = text_field(body, "from_snapshot", 64)
         if from_snapshot is not None:
             record = await self.manager.create_from_snapshot(
-                from_snapshot, metadata=metadata, persistent=persistent
+                from_snapshot, metadata=metadata, persistent=persistent, host_access=host_access
             )
+            if lease is not None:
+                self.manager.lease(record.id, lease)
             self.write_json(record.to_api(), 201)
             return
         record = await self.manager.create(
@@ -38,7 +49,10 @@ class SandboxesHandler(ApiHandler):
             cpus=cpus,
             metadata=metadata,
             persistent=persistent,
+            host_access=host_access,
         )
+        if lease is not None:
+            self.manager.lease(record.id, lease)
         self.write_json(record.to_api(), 201)
 
 

@@ -9,20 +9,14 @@ from typing import Any
 from tornado import web
 from tornado.http1connection import HTTP1Connection
 
+from sandfork.engine import exchange
 from sandfork.engine.errors import BadRequest
 from sandfork.engine.handlers.base import ApiHandler, field
-from sandfork.engine.snapshots import check_attachment_name, check_name
+from sandfork.engine.handlers.validate import metadata_field, text_field
+from sandfork.engine.snapshots import MAX_ATTACHMENT_BYTES, check_attachment_name, check_name
 
 MAX_FORKS = 16
 MAX_IMPORT_BYTES = 64 * 2**30
-
-
-def metadata_field(body: dict[str, Any]) -> dict[str, str]:
-    """The optional ``metadata`` object: strings to strings."""
-    metadata: dict[str, Any] = field(body, "metadata", dict, {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise BadRequest("metadata must map strings to strings")
-    return metadata
 
 
 def attachments_field(body: dict[str, Any]) -> dict[str, bytes]:
@@ -30,24 +24,31 @@ def attachments_field(body: dict[str, Any]) -> dict[str, bytes]:
     attachments: dict[str, Any] = field(body, "attachments", dict, {})
     if not all(isinstance(v, str) for v in attachments.values()):
         raise BadRequest("attachments must map file names to text")
-    return {check_attachment_name(k): v.encode() for k, v in attachments.items()}
+    try:
+        return {check_attachment_name(k): v.encode() for k, v in attachments.items()}
+    except UnicodeEncodeError:
+        raise BadRequest("attachments must be valid Unicode text (a lone surrogate)") from None
 
 
 def name_field(body: dict[str, Any]) -> str | None:
     """The optional snapshot ``name``."""
-    name: str | None = field(body, "name", str)
+    name: str | None = text_field(body, "name", 200)
     return None if name is None else check_name(name)
 
 
 class SandboxSnapshotsHandler(ApiHandler):
     """``POST`` snapshots a running sandbox (it keeps running); ``GET`` lists its snapshots."""
 
+    def body_limit(self) -> int:
+        # The attachments (a notebook, JSON-escaped) come in the body.
+        return 2 * MAX_ATTACHMENT_BYTES + int(self.config.max_request_bytes)
+
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
         snap = await self.manager.snapshot(
             sandbox_id,
             name_field(body),
-            metadata=metadata_field(body),
+            metadata=metadata_field(body, self.config),
             attachments=attachments_field(body),
         )
         self.write_json(snap.to_api(), 201)
@@ -66,7 +67,7 @@ class ForkHandler(ApiHandler):
         children = await self.manager.fork(
             sandbox_id,
             1,
-            metadata=metadata_field(body),
+            metadata=metadata_field(body, self.config),
             reseed_python=field(body, "reseed_python", bool, False),
         )
         self.write_json({"sandbox": children[0].to_api()}, 201)
@@ -83,7 +84,7 @@ class ForkTreeHandler(ApiHandler):
         children = await self.manager.fork(
             sandbox_id,
             count,
-            metadata=metadata_field(body),
+            metadata=metadata_field(body, self.config),
             reseed_python=field(body, "reseed_python", bool, False),
         )
         self.write_json({"children": [c.to_api() for c in children]}, 201)
@@ -154,7 +155,7 @@ class ExportHandler(ApiHandler):
 
     async def get(self, snapshot_id: str) -> None:
         self.manager.snapshots.get(snapshot_id)
-        with tempfile.TemporaryDirectory(dir=self.manager.snapshots.dir.parent) as tmp:
+        with tempfile.TemporaryDirectory(prefix="export-", dir=self.manager.tmp_dir) as tmp:
             out = Path(tmp) / f"{snapshot_id}.sfsnap"
             await self.manager.export_snapshot(snapshot_id, out)
             self.set_header("Content-Type", "application/octet-stream")
@@ -168,13 +169,16 @@ class ExportHandler(ApiHandler):
 
 @web.stream_request_body
 class ImportHandler(ApiHandler):
-    """``POST`` an exported snapshot file as the body; answers with the imported snapshot."""
+    """``POST`` an exported snapshot file as the body; answers with the imported snapshot
+    (under a new id). The file is kept in the engine's ``tmp`` folder until then."""
+
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def prepare(self) -> None:
         super().prepare()
         if isinstance(self.request.connection, HTTP1Connection):
             self.request.connection.set_max_body_size(MAX_IMPORT_BYTES)
-        self._tmp = tempfile.TemporaryDirectory(dir=self.manager.snapshots.dir.parent)
+        self._tmp = tempfile.TemporaryDirectory(prefix="upload-", dir=self.manager.tmp_dir)
         self._file = (Path(self._tmp.name) / "import.sfsnap").open("wb")
 
     def data_received(self, chunk: bytes) -> None:
@@ -183,11 +187,18 @@ class ImportHandler(ApiHandler):
     async def post(self) -> None:
         self._file.close()
         try:
-            snap = await self.manager.import_snapshot(Path(self._file.name))
+            snap = await self.manager.import_snapshot(
+                Path(self._file.name), exchange.ImportLimits.of(self.config)
+            )
         finally:
-            self._tmp.cleanup()
+            self._cleanup()
         self.write_json(snap.to_api(), 201)
 
     def on_connection_close(self) -> None:
-        self._file.close()
-        self._tmp.cleanup()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._tmp is not None:
+            self._file.close()
+            self._tmp.cleanup()
+            self._tmp = None

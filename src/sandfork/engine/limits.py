@@ -1,0 +1,82 @@
+"""What the engine may take of the machine: sandboxes, their memory, scratch RAM and disk.
+
+Every check runs before the work starts, so a request that would not fit (a ``fork_tree`` of
+16 children, say) is refused with a message naming the limit instead of failing half-way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandfork.engine.errors import ApiError
+
+_MIB = 2**20
+
+
+class LimitExceeded(ApiError):
+    """The request would go past one of the engine's limits (429)."""
+
+    status = 429
+
+
+def physical_memory_mb() -> int:
+    """The machine's memory in MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // _MIB
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The engine's limits; ``0`` in a total means the default described on each field."""
+
+    max_sandboxes: int
+    max_total_memory_mb: int  # 0: four times the machine's memory (guests rarely touch all)
+    snapshot_quota_mb: int  # 0: only the free disk space limits snapshots
+    ram_dir: Path
+    snapshots_dir: Path
+
+    @property
+    def total_memory_mb(self) -> int:
+        """The cap on the memory of all running sandboxes together."""
+        return self.max_total_memory_mb or 4 * physical_memory_mb()
+
+    def check_start(self, running: list[int], count: int, memory_mb: int, ram_bytes: int) -> None:
+        """Refuse ``count`` new sandboxes of ``memory_mb`` each when they would not fit.
+
+        ``running`` lists the memory of the sandboxes that run or are starting; ``ram_bytes``
+        is what each new one writes to the RAM folder at once (its memory image's data).
+        """
+        if len(running) + count > self.max_sandboxes:
+            raise LimitExceeded(
+                f"this would make {len(running) + count} sandboxes; the engine's limit is "
+                f"{self.max_sandboxes} (kill some, or raise max_sandboxes)"
+            )
+        total = sum(running) + count * memory_mb
+        if total > self.total_memory_mb:
+            raise LimitExceeded(
+                f"this would give running sandboxes {total} MiB of memory in all; the engine's "
+                f"limit is {self.total_memory_mb} MiB (kill some, or raise max_total_memory_mb)"
+            )
+        self._check_free(self.ram_dir, count * ram_bytes, "the RAM folder")
+
+    def check_snapshot(self, stored_bytes: int, estimate: int) -> None:
+        """Refuse a snapshot of about ``estimate`` bytes past the quota or the free disk."""
+        quota = self.snapshot_quota_mb * _MIB
+        if quota and stored_bytes + estimate > quota:
+            raise LimitExceeded(
+                f"snapshots take {stored_bytes // _MIB} MiB and this one needs about "
+                f"{estimate // _MIB} MiB more; the quota is {self.snapshot_quota_mb} MiB "
+                "(delete some snapshots, or raise snapshot_quota_mb)"
+            )
+        self._check_free(self.snapshots_dir, estimate, "the snapshot store")
+
+    @staticmethod
+    def _check_free(path: Path, needed: int, what: str) -> None:
+        free = shutil.disk_usage(path).free
+        if needed + 64 * _MIB > free:
+            raise LimitExceeded(
+                f"{what} ({path}) has {free // _MIB} MiB free; this needs about "
+                f"{needed // _MIB + 64} MiB"
+            )

@@ -1,0 +1,344 @@
+/** `Sandbox`: the SDK's handle on one sandbox (document 000's surface, plus the ledger). */
+
+import { CommandFailed, SandforkError, TimeoutError } from "./errors.js";
+import { type ConnectionOptions, Http, defaultHttp, serverSentEvents } from "./http.js";
+import { CodeContext, Files } from "./files.js";
+import {
+  type ApiExecResult,
+  type ExecResult,
+  type SnapshotInfo,
+  execResult,
+  snapshotInfo,
+} from "./models.js";
+import { type LedgerEntry, ReplayCache } from "./replay.js";
+import { type Candidate, type ExploreOptions, type ExploreResult, explore } from "./explore.js";
+
+/** How to reach the engine: a shared `Http` session, or connection options. */
+export interface ClientOption {
+  client?: Http;
+  connection?: ConnectionOptions;
+}
+
+/** Options of `Sandbox.create`. */
+export interface CreateOptions extends ClientOption {
+  template?: string;
+  fromSnapshot?: string;
+  memoryMb?: number;
+  cpu?: number;
+  metadata?: Record<string, string>;
+  persistent?: boolean;
+}
+
+/** Options of `exec`. */
+export interface ExecOptions {
+  timeoutSeconds?: number;
+  /** Throw `CommandFailed` on a non-zero exit code. */
+  check?: boolean;
+  env?: Record<string, string>;
+  cwd?: string;
+}
+
+/** Options of `execStream`: `exec`'s, plus callbacks for output as it arrives. */
+export interface ExecStreamOptions extends Omit<ExecOptions, "check"> {
+  onStdout?: (chunk: string) => void;
+  onStderr?: (chunk: string) => void;
+}
+
+/** Options of `fork` and `forkTree`. */
+export interface ForkOptions {
+  metadata?: Record<string, string>;
+  /** Reseed `random` and NumPy's global generator in each copy. */
+  reseedPython?: boolean;
+}
+
+/** A checkpoint: a snapshot marked in the sandbox's ledger after call `seq`. */
+export interface CheckpointInfo {
+  snapshotId: string;
+  seq: number;
+  name: string | null;
+  createdAt: Date;
+}
+
+/** What `promote` did. */
+export interface PromoteResult {
+  /** The sandboxes it killed: the parent (unless kept) and, if asked, the siblings. */
+  killed: string[];
+}
+
+/** The request body of an exec, the same from every SDK (the ledger compares bodies). */
+export function execBody(cmd: string, options: ExecOptions = {}): Record<string, unknown> {
+  const body: Record<string, unknown> = { cmd };
+  if (options.timeoutSeconds !== undefined) body.timeout_seconds = options.timeoutSeconds;
+  if (options.env && Object.keys(options.env).length) body.env = options.env;
+  if (options.cwd) body.cwd = options.cwd;
+  return body;
+}
+
+/** A sandbox: a VM with a guest agent and Jupyter kernels inside. */
+export class Sandbox {
+  readonly files: Files = new Files(this);
+  replay = new ReplayCache();
+
+  private constructor(
+    readonly client: Http,
+    readonly id: string,
+    readonly template: string,
+    public status: string,
+    readonly cpu: number,
+    readonly memoryMb: number,
+    public metadata: Record<string, string>,
+    readonly createdAt: string,
+    readonly persistent: boolean,
+  ) {}
+
+  /** A `Sandbox` from the engine's JSON. */
+  static fromApi(client: Http, data: Record<string, any>): Sandbox {
+    return new Sandbox(
+      client,
+      data.id,
+      data.template,
+      data.status,
+      data.cpu,
+      data.memory_mb,
+      { ...(data.metadata ?? {}) },
+      data.created_at ?? "",
+      Boolean(data.persistent),
+    );
+  }
+
+  /**
+   * Create a sandbox from `template` (default `code-interpreter`) and wait until it answers;
+   * with `fromSnapshot`, it resumes that snapshot: kernels, variables, files, packages.
+   */
+  static async create(options: CreateOptions = {}): Promise<Sandbox> {
+    const client = httpOf(options);
+    const body: Record<string, unknown> = {
+      template: options.template ?? "code-interpreter",
+      persistent: options.persistent ?? false,
+    };
+    if (options.fromSnapshot !== undefined) body.from_snapshot = options.fromSnapshot;
+    if (options.memoryMb !== undefined) body.memory_mb = options.memoryMb;
+    if (options.cpu !== undefined) body.cpu = options.cpu;
+    if (options.metadata && Object.keys(options.metadata).length) body.metadata = options.metadata;
+    return Sandbox.fromApi(client, await client.request("POST", "/sandboxes", { json: body }));
+  }
+
+  /** The sandbox with this id. */
+  static async get(sandboxId: string, options: ClientOption = {}): Promise<Sandbox> {
+    const client = httpOf(options);
+    return Sandbox.fromApi(client, await client.request("GET", `/sandboxes/${sandboxId}`));
+  }
+
+  /** Every sandbox of the engine. */
+  static async list(options: ClientOption = {}): Promise<Sandbox[]> {
+    const client = httpOf(options);
+    const data = await client.request<{ items: Record<string, any>[] }>("GET", "/sandboxes");
+    return data.items.map((item) => Sandbox.fromApi(client, item));
+  }
+
+  /**
+   * A new sandbox from the latest (or named) checkpoint of `sandboxId`, alive or killed.
+   * Its calls before the checkpoint are answered from the ledger by sequence number
+   * (`ReplayMismatch` when a call differs); later calls run live.
+   */
+  static async resume(
+    sandboxId: string,
+    options: ClientOption & { name?: string } = {},
+  ): Promise<Sandbox> {
+    const client = httpOf(options);
+    const body = options.name !== undefined ? { name: options.name } : {};
+    const data = await client.request<{ sandbox: Record<string, any>; replay: LedgerEntry[] }>(
+      "POST",
+      `/sandboxes/${sandboxId}/resume`,
+      { json: body },
+    );
+    const sandbox = Sandbox.fromApi(client, data.sandbox);
+    sandbox.replay = new ReplayCache(data.replay);
+    return sandbox;
+  }
+
+  /** Run a shell command and wait for it; `check` throws `CommandFailed` on a non-zero exit. */
+  async exec(cmd: string, options: ExecOptions = {}): Promise<ExecResult> {
+    const path = `/sandboxes/${this.id}/exec`;
+    const { data, replayed } = await this.ledgered("exec", path, execBody(cmd, options));
+    const result = execResult(data as ApiExecResult, replayed);
+    if (options.check && result.exitCode !== 0) throw new CommandFailed(cmd, result);
+    return result;
+  }
+
+  /**
+   * Run a command, calling back with output as it arrives; resolve to the exit code.
+   * Like the Python SDK's `exec_stream`, this is not a ledgered call.
+   */
+  async execStream(cmd: string, options: ExecStreamOptions = {}): Promise<number> {
+    const response = await this.client.raw("POST", `/sandboxes/${this.id}/exec/stream`, {
+      json: execBody(cmd, options),
+    });
+    const exit = await relayStream(response, options.onStdout, options.onStderr);
+    return Number(exit.exit_code);
+  }
+
+  /**
+   * A ledgered exec whose output streams to the callbacks: the same call as `exec` for the
+   * ledger and the replay cache (a replayed call sends its recorded output to them).
+   */
+  async execLedgeredStream(cmd: string, options: ExecStreamOptions = {}): Promise<ExecResult> {
+    const body = execBody(cmd, options);
+    const cached = this.replay.next("exec", body);
+    if (cached !== undefined) {
+      const result = execResult(cached as ApiExecResult, true);
+      if (result.stdout) options.onStdout?.(result.stdout);
+      if (result.stderr) options.onStderr?.(result.stderr);
+      return result;
+    }
+    let stdout = "";
+    let stderr = "";
+    const response = await this.client.raw("POST", `/sandboxes/${this.id}/exec/stream/ledgered`, {
+      json: body,
+    });
+    const exit = await relayStream(
+      response,
+      (chunk) => ((stdout += chunk), options.onStdout?.(chunk)),
+      (chunk) => ((stderr += chunk), options.onStderr?.(chunk)),
+    );
+    return execResult({ ...exit, stdout, stderr });
+  }
+
+  /** The sandbox's default code context, or (`isolated`) a new kernel of its own. */
+  async createCodeContext(options: { isolated?: boolean } = {}): Promise<CodeContext> {
+    const body = { language: "python", isolated: options.isolated ?? false };
+    const data = await this.post<{ id: string; language?: string }>("/repl/sessions", body);
+    return new CodeContext(this, data.id, data.language ?? "python");
+  }
+
+  /** Freeze kernels, memory and disk into an immutable snapshot; the sandbox runs on. */
+  async snapshot(name?: string): Promise<SnapshotInfo> {
+    const body = name !== undefined ? { name } : {};
+    const data = await this.post<Record<string, any>>("/snapshots", body);
+    return snapshotInfo(data);
+  }
+
+  /** A copy-on-write copy of this running sandbox that then diverges; this one runs on. */
+  async fork(options: ForkOptions = {}): Promise<Sandbox> {
+    const body = { metadata: options.metadata ?? {}, reseed_python: options.reseedPython ?? false };
+    const data = await this.post<{ sandbox: Record<string, any> }>("/fork", body);
+    return Sandbox.fromApi(this.client, data.sandbox);
+  }
+
+  /** `count` (1-16) copies of this sandbox from one capture. */
+  async forkTree(options: ForkOptions & { count: number }): Promise<Sandbox[]> {
+    const body = {
+      count: options.count,
+      metadata: options.metadata ?? {},
+      reseed_python: options.reseedPython ?? false,
+    };
+    const data = await this.post<{ children: Record<string, any>[] }>("/fork-tree", body);
+    return data.children.map((child) => Sandbox.fromApi(this.client, child));
+  }
+
+  /** Snapshot the sandbox and mark the point in its ledger (`Sandbox.resume` restores it). */
+  async checkpoint(name?: string): Promise<CheckpointInfo> {
+    const body = name !== undefined ? { name } : {};
+    const event = await this.post<Record<string, any>>("/checkpoints", body);
+    return {
+      snapshotId: event.snapshot_id,
+      seq: event.seq,
+      name: event.name ?? null,
+      createdAt: new Date(event.created_at),
+    };
+  }
+
+  /** The sandbox's recorded calls and checkpoint events, in order. */
+  async ledger(): Promise<Record<string, any>[]> {
+    const data = await this.client.request<{ events: Record<string, any>[] }>(
+      "GET",
+      `/sandboxes/${this.id}/ledger`,
+    );
+    return data.events;
+  }
+
+  /**
+   * Make this fork child the one that goes on: its parent is killed (unless `killParent` is
+   * false), its siblings too with `killSiblings`, and it is no longer marked a fork child.
+   */
+  async promote(
+    options: { killParent?: boolean; killSiblings?: boolean } = {},
+  ): Promise<PromoteResult> {
+    const body = {
+      kill_parent: options.killParent ?? true,
+      kill_siblings: options.killSiblings ?? false,
+    };
+    const data = await this.post<{ sandbox: Record<string, any>; killed: string[] }>(
+      "/promote",
+      body,
+    );
+    this.metadata = { ...data.sandbox.metadata };
+    return { killed: data.killed };
+  }
+
+  /** Best-of-N over forks of this sandbox: see `explore`. */
+  explore<T extends Candidate>(
+    candidates: T[],
+    options: ExploreOptions<T>,
+  ): Promise<ExploreResult<T>> {
+    return explore(this, candidates, options);
+  }
+
+  /** Reload status and metadata from the engine. */
+  async refresh(): Promise<this> {
+    const data = await this.client.request<Record<string, any>>("GET", `/sandboxes/${this.id}`);
+    this.status = data.status;
+    this.metadata = { ...(data.metadata ?? {}) };
+    return this;
+  }
+
+  /** Stop the sandbox and delete everything it owns. */
+  async kill(): Promise<void> {
+    await this.client.request("DELETE", `/sandboxes/${this.id}`);
+  }
+
+  /** `await using sandbox = await Sandbox.create()` kills it (unless persistent) at scope end. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (!this.persistent) await this.kill();
+  }
+
+  /** `POST /v1/sandboxes/{id}{suffix}` with a JSON body. */
+  private post<T>(suffix: string, body: unknown): Promise<T> {
+    return this.client.request<T>("POST", `/sandboxes/${this.id}${suffix}`, { json: body });
+  }
+
+  /** Send a ledgered call (`exec`, `run_code`), or answer it from the replay cache. */
+  async ledgered(
+    kind: string,
+    path: string,
+    body: Record<string, unknown>,
+    extra: Record<string, unknown> = {},
+  ): Promise<{ data: Record<string, any>; replayed: boolean }> {
+    const cached = this.replay.next(kind, { ...body, ...extra });
+    if (cached !== undefined) return { data: cached, replayed: true };
+    return { data: await this.client.request("POST", path, { json: body }), replayed: false };
+  }
+}
+
+function httpOf(options: ClientOption): Http {
+  if (options.client) return options.client;
+  return options.connection ? new Http(options.connection) : defaultHttp();
+}
+
+/** Relay a streamed exec's output to the callbacks; resolve to its `exit` event. */
+async function relayStream(
+  response: Response,
+  onStdout?: (chunk: string) => void,
+  onStderr?: (chunk: string) => void,
+): Promise<ApiExecResult> {
+  for await (const { event, data } of serverSentEvents(response)) {
+    if (event === "stdout") onStdout?.(String(data.chunk));
+    else if (event === "stderr") onStderr?.(String(data.chunk));
+    else if (event === "exit") return data as ApiExecResult;
+    else if (event === "error") {
+      const message = String(data.error);
+      throw message.includes("timeout") ? new TimeoutError(message) : new SandforkError(message);
+    }
+  }
+  throw new SandforkError("the exec stream ended without an exit code; the outcome is unknown");
+}
