@@ -40,12 +40,13 @@ if ! node_fits; then
   ln -sf "$node_dir/lib/node_modules/npm/bin/npm-cli.js" .venv/bin/npm
 fi
 
-# Reinstalled when the project's metadata or the lab extension's sources change (an editable
-# install copies the built extension into .venv/share/jupyter/labextensions).
+# Reinstalled when the project's metadata, the lab extension's sources or the kernelspec change
+# (an editable install copies the built extension into .venv/share/jupyter/labextensions and
+# the kernelspec, logos included, into .venv/share/jupyter/kernels).
 stamp=.venv/.sandfork-installed
-lab_sources=(labextension/src labextension/style labextension/schema labextension/package.json labextension/package-lock.json)
+installed_sources=(labextension/src labextension/style labextension/schema labextension/package.json labextension/package-lock.json kernel/kernelspec)
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] ||
-  [ -n "$(find "${lab_sources[@]}" -newer "$stamp" -print -quit)" ]; then
+  [ -n "$(find "${installed_sources[@]}" -newer "$stamp" -print -quit)" ]; then
   echo "==> installing sandfork and its test dependencies into .venv"
   .venv/bin/pip install -q -e '.[test]'
   touch "$stamp"

@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "==> ruff"
-.venv/bin/ruff check src tests benchmarks
-.venv/bin/ruff format --check src tests benchmarks
+.venv/bin/ruff check kernel tests benchmarks
+.venv/bin/ruff format --check kernel tests benchmarks
 echo "==> mypy"
 .venv/bin/mypy
 echo "==> building the default template (cached in ~/.cache/sandfork)"

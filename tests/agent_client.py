@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-AGENT_SRC = Path(__file__).resolve().parents[1] / "src" / "sandfork" / "agent"
+AGENT_SRC = Path(__file__).resolve().parents[1] / "kernel" / "sandfork" / "agent"
 
 Frame = dict[str, Any]
 

@@ -16,9 +16,8 @@ import nbformat
 import pytest
 from conftest import EngineProcess
 from jupyter_server.auth import Authorizer
-from tornado.httpclient import HTTPClientError, HTTPResponse
-
 from sandfork.sdk import Sandbox
+from tornado.httpclient import HTTPClientError, HTTPResponse
 
 Fetch = Callable[..., Awaitable[HTTPResponse]]
 
@@ -31,6 +30,7 @@ ENDPOINTS = [
     ("POST", "sandfork/api/snapshots/snap_0123456789abcdef/restore", {}),
     ("POST", "sandfork/api/forks", {}),
     ("GET", "sandfork/api/operations/op1", None),
+    ("GET", "sandfork/api/config", None),
 ]
 
 
@@ -148,6 +148,19 @@ async def test_bad_input_gets_a_4xx_with_a_message(jp_fetch: Fetch) -> None:
         status, data = await _call(jp_fetch, method, path, body)
         assert status == expected, (method, path, status, data)
         assert message in (data or {}).get("message", ""), (method, path, data)
+
+
+async def test_config_has_the_branch_limit_and_the_sandfork_kernels(
+    jp_fetch: Fetch, jp_data_dir: Path
+) -> None:
+    # A kernelspec of another name that runs the proxy kernel is a Sandfork kernel too.
+    spec = json.loads((jp_data_dir / "kernels" / "sandfork" / "kernel.json").read_text())
+    (jp_data_dir / "kernels" / "sandfork-large").mkdir()
+    (jp_data_dir / "kernels" / "sandfork-large" / "kernel.json").write_text(json.dumps(spec))
+    status, data = await _call(jp_fetch, "GET", "sandfork/api/config")
+    assert status == 200
+    # python3 (ipykernel) is a kernelspec of this server too, and is not listed.
+    assert data == {"max_branches": 8, "kernel_names": ["sandfork", "sandfork-large"]}
 
 
 async def test_a_kernel_that_is_not_sandfork_is_refused(jp_fetch: Fetch) -> None:

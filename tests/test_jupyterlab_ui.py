@@ -2,8 +2,9 @@
 
 The issue's acceptance: a notebook on the Sandfork kernel runs ``x = 41``; *Snapshot*;
 ``x += 1``; *Restore…* opens a new notebook where ``x`` is 41 while the original's is 42;
-*Fork* opens a branch notebook holding ``x``. Screenshots of the toolbar and the side panel go
-to ``artifacts/``.
+*Fork* opens a branch notebook holding ``x``. The launcher shows the kernelspec's logo; the
+buttons are notebook toolbar items from the settings, in the order the user's settings give.
+Screenshots of the launcher, the toolbar and the side panel go to ``artifacts/``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 SLOW_MS = 180_000  # kernel start, snapshot, restore and fork under TCG, on a shared machine
+SERVER_MAX_BRANCHES = 4  # c.SandforkExtension.max_branches: caps the user's setting below
+USER_SETTINGS = {
+    "@sandfork/jupyterlab/plugin": {"maxBranches": 6},
+    # The notebook toolbar's own settings place the Sandfork items: Restore… moves after Fork.
+    "@jupyterlab/notebook-extension/panel": {"toolbar": [{"name": "sandfork-restore", "rank": 63}]},
+}
 
 
 @dataclass
@@ -106,6 +113,10 @@ def lab(own_engine: EngineProcess, tmp_path: Path) -> Iterator[Lab]:
     (home / "config" / "labconfig" / "page_config.json").write_text(
         json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
     )
+    for plugin, settings in USER_SETTINGS.items():
+        path = home / "settings" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings))
     log_path = home / "jupyterlab.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -120,6 +131,7 @@ def lab(own_engine: EngineProcess, tmp_path: Path) -> Iterator[Lab]:
                 "--ServerApp.allow_root=True",
                 f"--IdentityProvider.token={token}",
                 f"--ServerApp.root_dir={root}",
+                f"--SandforkExtension.max_branches={SERVER_MAX_BRANCHES}",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -226,8 +238,25 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
         "response",
         lambda r: progress_polls.append(r.status) if "/sandfork/api/operations/" in r.url else None,
     )
-    page.locator('.jp-LauncherCard[data-category="Notebook"]', has_text="(Sandfork)").click()
+    card = page.locator('.jp-LauncherCard[data-category="Notebook"]', has_text="(Sandfork)")
+    # The kernel's card shows the kernelspec's logo, not the initial it falls back to.
+    logo = card.locator("img.jp-Launcher-kernelIcon")
+    expect(logo).to_have_attribute("src", re.compile(r"/kernelspecs/sandfork/logo-svg\.svg"))
+    expect(logo).to_have_js_property("naturalWidth", 64)  # loaded and drawn: the SVG's width
+    expect(card.locator(".jp-LauncherCard-noKernelIcon")).to_have_count(0)
+    page.locator(".jp-Launcher").screenshot(path=ARTIFACTS / "jupyterlab-launcher.png")
+    resources = lab.api("GET", "api/kernelspecs")["kernelspecs"]["sandfork"]["resources"]
+    assert {"logo-svg", "logo-32x32", "logo-64x64"} <= resources.keys(), resources
+    card.click()
     _wait_for_notebook(page, "Untitled.ipynb")
+    # The buttons are toolbar items from the settings: after the cell type, before the spacer,
+    # in the order of the user's notebook toolbar settings.
+    items = _notebook(page).locator(".jp-NotebookPanel-toolbar [data-jp-item-name]")
+    names = items.evaluate_all("nodes => nodes.map(node => node.dataset.jpItemName)")
+    sandfork = [name for name in names if name.startswith("sandfork-")]
+    assert sandfork == ["sandfork-snapshot", "sandfork-fork", "sandfork-restore"], names
+    assert names.index("cellType") < names.index(sandfork[0]), names
+    assert names.index(sandfork[-1]) < names.index("spacer"), names
     status = page.locator(".sandfork-StatusItem")
     expect(status).to_have_text(re.compile(r"(TCG|KVM) · \d+ (GiB|MiB)"))
 
@@ -269,6 +298,9 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
     assert _print_x(page) == "42"
 
     _toolbar_button(page, "fork").click()
+    # Branch counts up to the server's limit, which caps the user's higher setting.
+    counts = [str(n) for n in range(1, SERVER_MAX_BRANCHES + 1)]
+    expect(page.locator(".jp-Dialog select option")).to_have_text(counts)
     _accept_dialog(page)  # one branch, the default
     _wait_for_notebook(page, "Untitled-branch-1.ipynb")
     assert _print_x(page) == "42"

@@ -19,9 +19,8 @@ import pytest
 import requests
 from conftest import EngineProcess
 from jupyter_client.manager import KernelManager
-
 from sandfork.engine.leases import Leases
-from sandfork.kernel.state import load_state, state_file
+from sandfork.proxy_kernel.state import load_state, state_file
 from sandfork.sdk import Client, NotFoundError, Sandbox
 from sandfork.sdk.errors import BadRequestError
 

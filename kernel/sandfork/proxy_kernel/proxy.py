@@ -1,5 +1,5 @@
 """The ZMQ side of the proxy kernel: the five sockets of the connection file, relayed to a
-sandbox's code context through a :class:`~sandfork.kernel.link.SandboxLink`.
+sandbox's code context through a :class:`~sandfork.proxy_kernel.link.SandboxLink`.
 
 Messages are verified with the connection file's key and re-signed with it on the way back;
 the guest's messages keep their ids and parents, so replies route to the client that asked.
@@ -25,11 +25,11 @@ import zmq
 from jupyter_client.session import DELIM
 from tornado.httpclient import HTTPClientError
 
-from sandfork.kernel import magics
-from sandfork.kernel.lease import keep_leased, renew
-from sandfork.kernel.link import GuestMessage, SandboxLink
-from sandfork.kernel.session import RelaySession, Request
-from sandfork.kernel.state import save_state
+from sandfork.proxy_kernel import magics
+from sandfork.proxy_kernel.lease import keep_leased, renew
+from sandfork.proxy_kernel.link import GuestMessage, SandboxLink
+from sandfork.proxy_kernel.session import RelaySession, Request
+from sandfork.proxy_kernel.state import save_state
 from sandfork.sdk import Sandbox, SandforkError
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandfork.jupyter.errors import http_error
-from sandfork.kernel.state import load_state, state_file
+from sandfork.proxy_kernel.state import load_state, state_file
 
 KERNEL_NAME = "sandfork"
 ATTACH_TIMEOUT = 120.0  # seconds a new kernel may take to reach its sandbox
@@ -34,7 +34,13 @@ def is_sandfork_spec(kernel_spec_manager: Any, name: str) -> bool:
         argv = kernel_spec_manager.get_kernel_spec(name).argv
     except Exception:
         return False
-    return "sandfork.kernel" in argv
+    return "sandfork.proxy_kernel" in argv
+
+
+def sandfork_kernel_names(kernel_spec_manager: Any) -> list[str]:
+    """The names of the server's kernelspecs that are Sandfork kernels, sorted."""
+    names = kernel_spec_manager.find_kernel_specs()
+    return sorted(name for name in names if is_sandfork_spec(kernel_spec_manager, name))
 
 
 def _kernel(kernel_manager: Any, kernel_id: str) -> Any:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from sandfork.kernel.state import load_state, state_file
+from sandfork.proxy_kernel.state import load_state, state_file
 from sandfork.sdk import Client, Sandbox, SandforkError
 
 _PR_SET_PDEATHSIG = 1
@@ -99,7 +99,7 @@ def leftover_kernels() -> dict[int, str]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == me and "sandfork.kernel" in argv and "-f" in argv[:-1]:
+        if ppid == me and "sandfork.proxy_kernel" in argv and "-f" in argv[:-1]:
             found[int(proc.name)] = argv[argv.index("-f") + 1]
     return found
 

@@ -26,6 +26,7 @@ from sandfork.jupyter.kernels import (
     KERNEL_NAME,
     attached_sandbox,
     sandbox_kernels,
+    sandfork_kernel_names,
     start_attached,
 )
 from sandfork.jupyter.notebooks import (
@@ -99,6 +100,11 @@ class SandforkService:
             raise http_error(e.status if e.status < 500 else 502, e.message) from e
 
     # -- reading -------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        """What the front end goes by: the branch limit, and which kernels are Sandfork's."""
+        kernel_names = sandfork_kernel_names(self.serverapp.kernel_spec_manager)
+        return {"max_branches": self.max_branches, "kernel_names": kernel_names}
 
     async def kernel(self, kernel_id: str) -> dict[str, Any]:
         """The sandbox behind a Sandfork kernel (for the status bar)."""

@@ -58,6 +58,15 @@ class SandforkHandler(APIHandler):
             super().write_error(status_code, **kwargs)
 
 
+class ConfigHandler(SandforkHandler):
+    """``GET``: the server's branch limit and the kernelspecs that are Sandfork kernels."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply(self.service.config())
+
+
 class KernelHandler(SandforkHandler):
     """``GET``: the sandbox behind a Sandfork kernel."""
 
@@ -149,6 +158,7 @@ def _op(body: dict[str, Any]) -> str | None:
 
 
 HANDLERS: list[tuple[str, type[SandforkHandler]]] = [
+    (r"/sandfork/api/config", ConfigHandler),
     (r"/sandfork/api/kernels/([^/]+)", KernelHandler),
     (r"/sandfork/api/snapshots", SnapshotsHandler),
     (r"/sandfork/api/snapshots/([^/]+)", SnapshotHandler),

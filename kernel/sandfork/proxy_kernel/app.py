@@ -13,14 +13,14 @@ from typing import Any
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Float, Int, Unicode, default
 
-from sandfork.kernel.lease import DEFAULT_SECONDS, LEASE_ENV
-from sandfork.kernel.proxy import Attachment, KernelProxy
-from sandfork.kernel.state import load_state, state_file
+from sandfork.proxy_kernel.lease import DEFAULT_SECONDS, LEASE_ENV
+from sandfork.proxy_kernel.proxy import Attachment, KernelProxy
+from sandfork.proxy_kernel.state import load_state, state_file
 from sandfork.sdk import Client, Sandbox
 
 
 class SandforkKernelApp(JupyterApp):
-    """``python -m sandfork.kernel -f {connection_file}``; configurable in
+    """``python -m sandfork.proxy_kernel -f {connection_file}``; configurable in
     ``sandfork_kernel_config.py`` like any Jupyter application."""
 
     name = "sandfork-kernel"
@@ -114,5 +114,5 @@ class SandforkKernelApp(JupyterApp):
 
 
 def main() -> None:
-    """Entry point of ``python -m sandfork.kernel``."""
+    """Entry point of ``python -m sandfork.proxy_kernel``."""
     SandforkKernelApp.launch_instance()

@@ -41,7 +41,7 @@ AGENT_TARGET = "sandfork/agent/sandfork_agent"
 
 
 def agent_dir() -> Path:
-    """The guest agent package, ``src/sandfork/agent``."""
+    """The guest agent package, ``kernel/sandfork/agent``."""
     return Path(__file__).resolve().parent.parent / "agent"
 
 

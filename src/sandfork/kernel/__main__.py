@@ -1,5 +1,0 @@
-"""``python -m sandfork.kernel -f {connection_file}``."""
-
-from sandfork.kernel.app import main
-
-main()
