@@ -27,7 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import EngineProcess
 from engine_invariants import check_engine, make_state
-
 from sandfork.sdk import Sandbox, Snapshot
 
 

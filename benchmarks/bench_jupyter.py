@@ -35,8 +35,9 @@ from jupyter_client.blocking.client import BlockingKernelClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import EngineProcess
 from timing import clock, ms, ratio
+
+from conftest import EngineProcess
 
 SETUP = "import numpy as np; a = np.arange(25_000_000, dtype='float64')"  # 200 MB
 CHECK = "print(int(a.sum()) % 1000)"

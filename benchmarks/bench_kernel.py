@@ -39,9 +39,9 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import EngineProcess
 from timing import clock, ms, timed
 
+from conftest import EngineProcess
 from sandfork.sdk import Sandbox
 
 

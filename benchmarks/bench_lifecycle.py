@@ -21,9 +21,9 @@ from jupyter_client.manager import start_new_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import EngineProcess
 from timing import ms, ratio, timed
 
+from conftest import EngineProcess
 from sandfork.sdk import Sandbox
 
 

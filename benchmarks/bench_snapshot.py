@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import EngineProcess
 from peers import criu_peer, kishu_peer
 from timing import clock
 
+from conftest import EngineProcess
 from sandfork.sdk import Client, Sandbox, Snapshot
 
 SIZES = {"100 MB": (100 * 2**20, 1024), "1 GiB": (2**30, 2560)}

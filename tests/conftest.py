@@ -42,14 +42,14 @@ class EngineProcess:
         info = self.home / "run" / "engine.json"
         info.unlink(missing_ok=True)
         log = (self.home / "engine.log").open("ab")
+        port = [] if "--port" in self.args else ["--port", "0"]  # a free one unless told
         self.process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "sandfork",
                 "serve",
-                "--port",
-                "0",
+                *port,
                 "--state-dir",
                 str(self.home),
                 *self.args,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import sqlite3
 
 from conftest import EngineProcess
-
 from sandfork.sdk import Sandbox
 
 STATE_CODE = (

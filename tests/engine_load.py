@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conftest import EngineProcess
-
 from sandfork.sdk import Sandbox
 
 

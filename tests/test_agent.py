@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+
 from agent_client import (
     AGENT_SRC,
     AgentClient,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from agent_client import AgentClient
 from test_agent import agent, client  # noqa: F401  (the agent on the host, a connection)
 

@@ -8,12 +8,12 @@ from typing import Any, cast
 
 import pytest
 import requests
-from conftest import EngineProcess
 from tornado import web
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.routing import PathMatches
 from tornado.websocket import websocket_connect
 
+from conftest import EngineProcess
 from sandfork.engine.app import make_app
 from sandfork.engine.config import EngineConfig
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EngineProcess
 
+from conftest import EngineProcess
 from sandfork.engine.boot_captures import MANIFEST, BootCaptures
 from sandfork.paths import cache_dir
 from sandfork.sdk import Client, Sandbox
@@ -61,7 +61,7 @@ def _shared_capture(client: Client) -> Path:
         sb.kill()
     capture = Path(json.loads(info.stdout)["full-backing-filename"]).parent
     assert capture.parent == cache_dir() / "boot-snapshots", capture
-    assert BootCaptures(capture.parent).valid(capture)
+    assert BootCaptures.valid(capture)
     return capture
 
 
@@ -133,13 +133,13 @@ def test_damaged_captures_are_rebuilt(
         manifest = json.loads((gen2 / MANIFEST).read_text())
         manifest["sha256"]["devices.state"] = BootCaptures.checksum(gen2 / "devices.state")
         (gen2 / MANIFEST).write_text(json.dumps(manifest))
-        assert BootCaptures(captures).valid(gen2)
+        assert BootCaptures.valid(gen2)
         last = Sandbox.create(client=own)
         assert last.exec("echo fine").stdout == "fine\n"
         last.kill()
         gen3 = captures / f"{stem}.3"
         assert _capture_dirs(captures)[gen2.name] is False
         assert _capture_dirs(captures)[gen3.name] is True
-        assert BootCaptures(captures).valid(gen3)
+        assert BootCaptures.valid(gen3)
     finally:
         first.kill()

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import EngineProcess
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
+from conftest import EngineProcess
 from sandfork.sdk import Sandbox
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio]

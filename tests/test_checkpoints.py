@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import EngineProcess
 
+from conftest import EngineProcess
 from sandfork.sdk import Client, NotFoundError, ReplayMismatch, Sandbox, SandboxTimeout
 
 pytestmark = pytest.mark.vm

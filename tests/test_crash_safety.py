@@ -13,9 +13,9 @@ import signal
 from collections.abc import Callable
 
 import pytest
+
 from conftest import EngineProcess
 from engine_invariants import check_engine, make_state, state_digests
-
 from sandfork.crashpoints import CRASH_POINTS
 from sandfork.sdk import Sandbox, SandforkError
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EngineProcess
 
+from conftest import EngineProcess
 from sandfork.backends.vm.qemu import default_ram_dir
 from sandfork.sdk import LimitExceeded, Sandbox
 
@@ -22,9 +22,9 @@ def limited_engine(
     """An engine allowing 3 sandboxes, 2600 MiB of memory in all and 50 MiB of snapshots."""
     engine = EngineProcess(
         tmp_path_factory.mktemp("limited"),
-        "--set=max_sandboxes=3",
-        "--set=max_total_memory_mb=2600",
-        "--set=snapshot_quota_mb=50",
+        "--EngineConfig.max_sandboxes=3",
+        "--EngineConfig.max_total_memory_mb=2600",
+        "--EngineConfig.snapshot_quota_mb=50",
     )
     engine.start()
     yield engine

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import EngineProcess
 
+from conftest import EngineProcess
 from sandfork.sdk import BadRequestError, Sandbox, Snapshot
 
 pytestmark = pytest.mark.vm

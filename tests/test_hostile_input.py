@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 import requests
+
 from conftest import EngineProcess
 from hostile_cases import CASES, MIB, Case
-
 from sandfork.backends.channel import AgentError, AgentTimeout
 from sandfork.engine.db import SandboxRecord
 from sandfork.engine.errors import ApiError, Unresponsive
-from sandfork.engine.manager import UNRESPONSIVE, _agent_failures
+from sandfork.engine.execution import UNRESPONSIVE, agent_failures
 
 AGENT_TIMEOUT = 30.0  # the engine's default agent_timeout
 
@@ -133,7 +133,9 @@ def _answered_in_time(
 @pytest.fixture
 def quick_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     """An engine whose agent requests time out after 5 s."""
-    proc = EngineProcess(tmp_path_factory.mktemp("sandfork-quick"), "--set", "agent_timeout=5")
+    proc = EngineProcess(
+        tmp_path_factory.mktemp("sandfork-quick"), "--EngineConfig.agent_timeout=5"
+    )
     proc.start()
     yield proc
     proc.close()
@@ -202,13 +204,13 @@ def _assert_answers(engine: EngineProcess, sandbox_id: str) -> None:
 
 def test_the_unresponsive_mark_goes_when_the_agent_answers_again() -> None:
     record = SandboxRecord("sbx_0123456789abcdef", "t", "running", 1, 256, "", "vm", "tcg", "")
-    with pytest.raises(Unresponsive), _agent_failures(record):
+    with pytest.raises(Unresponsive), agent_failures(record):
         raise AgentTimeout("ping", 5)
     assert record.error is not None and record.error.startswith(UNRESPONSIVE)
-    with pytest.raises(ApiError), _agent_failures(record):
+    with pytest.raises(ApiError), agent_failures(record):
         raise AgentError("NotFound", "no such file")  # an answer, if a failure
     assert record.error is None
     record.error = "its VM exited"  # any other error stays
-    with _agent_failures(record):
+    with agent_failures(record):
         pass
     assert record.error == "its VM exited"

@@ -24,21 +24,21 @@ from typing import Any
 import pytest
 import requests
 import zstandard
-from conftest import EngineProcess
 
+from conftest import EngineProcess
+from sandfork.backends.vm.images import Qcow2Images
 from sandfork.engine.errors import BadRequest
 from sandfork.engine.exchange import (
     FORMAT,
     MANIFEST,
     ImportLimits,
-    backing_chain,
     check_layers,
-    rebase,
     unpack,
 )
 from sandfork.templates import BuiltTemplate, ensure_template
 
 MIB = 2**20
+IMAGES = Qcow2Images()  # what the VM backend uses
 LIMITS = ImportLimits(max_memory_mb=1024, max_cpus=4, max_bytes=64 * MIB)
 ORIGINAL_ID = "snap_0123456789abcdef"
 Entries = list[tuple[str, bytes]]
@@ -379,7 +379,7 @@ def test_a_layer_with_an_external_data_file_is_refused(tmp_path: Path, rootfs: P
     qcow2(staging / "layer0.qcow2", "-o", f"data_file={victim},data_file_raw=on")
     victim.write_bytes(b"host secret")
     with pytest.raises(BadRequest, match=r"layer0.qcow2 has an external data file"):
-        check_layers(staging, 1, rootfs)
+        check_layers(staging, 1, rootfs, IMAGES)
 
 
 def _bad_cluster_bits(image: bytes) -> bytes:
@@ -401,7 +401,7 @@ def test_layers_that_are_not_plain_qcow2(
     staging.mkdir()
     make(staging / "layer0.qcow2")
     with pytest.raises(BadRequest, match=message):
-        check_layers(staging, 1, rootfs)
+        check_layers(staging, 1, rootfs, IMAGES)
 
 
 def test_a_backing_file_naming_a_host_path_is_replaced(tmp_path: Path, rootfs: Path) -> None:
@@ -409,9 +409,9 @@ def test_a_backing_file_naming_a_host_path_is_replaced(tmp_path: Path, rootfs: P
     staging.mkdir()
     layer = staging / "layer0.qcow2"
     qcow2(layer, "-u", "-b", "/etc/passwd", "-F", "raw")
-    check_layers(staging, 1, rootfs)  # the name is never opened ...
-    rebase(layer, rootfs)  # ... and is replaced before anything could
-    assert backing_chain(layer) == [layer, rootfs]
+    check_layers(staging, 1, rootfs, IMAGES)  # the name is never opened ...
+    IMAGES.rebase(layer, rootfs)  # ... and is replaced before anything could
+    assert IMAGES.backing_chain(layer) == [layer, rootfs]
 
 
 # --- through a real engine (no VM) ---------------------------------------------------------
@@ -471,7 +471,7 @@ def test_engine_imports_under_a_new_id(
     snap_dir = bare_engine.home / "snapshots" / snap["id"]
     assert (snap_dir / "attachments" / "notebook.ipynb").read_bytes() == b'{"cells": []}'
     (layer_path,) = (bare_engine.home / "layers").iterdir()
-    chain = backing_chain(layer_path)
+    chain = IMAGES.backing_chain(layer_path)
     assert Path("/etc/passwd") not in chain and chain[-1].name == "rootfs.qcow2"
     assert list((bare_engine.home / "tmp").iterdir()) == []
     deleted = requests.delete(
@@ -555,7 +555,7 @@ def test_engine_refuses_a_bomb_without_writing_it(
 def test_an_import_past_the_snapshot_quota_writes_nothing(
     tmp_path: Path, keys: tuple[str, str]
 ) -> None:
-    engine = EngineProcess(tmp_path / "home", "--set=snapshot_quota_mb=16")
+    engine = EngineProcess(tmp_path / "home", "--EngineConfig.snapshot_quota_mb=16")
     (tmp_path / "home").mkdir()
     engine.start()
     try:

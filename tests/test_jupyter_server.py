@@ -14,10 +14,11 @@ from typing import Any
 
 import nbformat
 import pytest
-from conftest import EngineProcess
 from jupyter_server.auth import Authorizer
-from sandfork.sdk import Sandbox
 from tornado.httpclient import HTTPClientError, HTTPResponse
+
+from conftest import EngineProcess
+from sandfork.sdk import Sandbox
 
 Fetch = Callable[..., Awaitable[HTTPResponse]]
 
@@ -59,7 +60,7 @@ def jp_server_config(
             "jpserver_extensions": {"sandfork.jupyter": True},
             "authorizer_class": DenyByHeader,
         },
-        "SandforkExtension": {"engine_url": engine.url, "api_key": engine.api_key},
+        "EngineConnection": {"engine_url": engine.url, "api_key": engine.api_key},
     }
 
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import EngineProcess
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+from conftest import EngineProcess
 
 pytestmark = pytest.mark.vm
 
@@ -44,7 +45,8 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 SLOW_MS = 180_000  # kernel start, snapshot, restore and fork under TCG, on a shared machine
 SERVER_MAX_BRANCHES = 4  # c.SandforkExtension.max_branches: caps the user's setting below
 USER_SETTINGS = {
-    "@sandfork/jupyterlab/plugin": {"maxBranches": 6},
+    # Every fork asks for confirmation (more branches than 0).
+    "@sandfork/jupyterlab/plugin": {"maxBranches": 6, "confirmForkAbove": 0},
     # The notebook toolbar's own settings place the Sandfork items: Restore… moves after Fork.
     "@jupyterlab/notebook-extension/panel": {"toolbar": [{"name": "sandfork-restore", "rank": 63}]},
 }
@@ -209,6 +211,14 @@ def _accept_dialog(page: Page) -> None:
     expect(page.locator(".jp-Dialog")).to_have_count(0)
 
 
+def _fork_one_branch(page: Page) -> None:
+    """Answers Fork's dialogs: one branch (the default), then yes to the confirmation."""
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+    confirmation = page.locator(".jp-Dialog", has_text=re.compile(r"into 1 branch notebook\?"))
+    expect(confirmation).to_be_visible()
+    _accept_dialog(page)
+
+
 def _tab(page: Page, name: str) -> Locator:
     """The main area's tab of the document ``name``."""
     label = page.locator(".lm-TabBar-tabLabel", has_text=re.compile(f"^{re.escape(name)}$"))
@@ -301,7 +311,7 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
     # Branch counts up to the server's limit, which caps the user's higher setting.
     counts = [str(n) for n in range(1, SERVER_MAX_BRANCHES + 1)]
     expect(page.locator(".jp-Dialog select option")).to_have_text(counts)
-    _accept_dialog(page)  # one branch, the default
+    _fork_one_branch(page)
     _wait_for_notebook(page, "Untitled-branch-1.ipynb")
     assert _print_x(page) == "42"
     assert len(_sessions_by_path(lab)["Untitled-branch-1.ipynb"]) == 1
@@ -328,7 +338,7 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
     panel.locator(f'[data-id="{restored_sandbox["id"]}"] > .sandfork-Tree-row').locator(
         '[data-action="fork"]'
     ).click()
-    _accept_dialog(page)
+    _fork_one_branch(page)
     _wait_for_notebook(page, "Untitled-restored-1-branch-1.ipynb")
     assert _print_x(page) == "41"
     expect(panel.locator(".sandfork-Tree-sandbox")).to_have_count(4)

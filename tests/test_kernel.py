@@ -12,10 +12,10 @@ from typing import Any
 
 import jupyter_kernel_test
 import pytest
-from conftest import EngineProcess
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import start_new_kernel
 
+from conftest import EngineProcess
 from sandfork.sdk import Sandbox
 
 pytestmark = pytest.mark.vm

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import requests
+
 from conftest import EngineProcess
 
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import EngineProcess
 from jupyter_client.manager import KernelManager
+
+from conftest import EngineProcess
 from sandfork.engine.leases import Leases
 from sandfork.proxy_kernel.state import load_state, state_file
 from sandfork.sdk import Client, NotFoundError, Sandbox

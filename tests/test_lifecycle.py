@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EngineProcess
 
+from conftest import EngineProcess
 from sandfork.sdk import (
     Client,
     CommandFailed,

@@ -6,6 +6,7 @@ The CI version runs two minutes; ``benchmarks/bench_load.py`` runs the ten-minut
 from __future__ import annotations
 
 import pytest
+
 from conftest import EngineProcess
 from engine_load import run_load
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EngineProcess
 
+from conftest import EngineProcess
 from sandfork.backends.vm.qemu import Network
 from sandfork.engine.egress import EgressProxy, exempting, refusal
 from sandfork.sdk import Client, Sandbox, SandforkError

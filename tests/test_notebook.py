@@ -9,10 +9,11 @@ from typing import Any
 
 import nbformat
 import pytest
-from conftest import EngineProcess
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from nbclient import NotebookClient
 from nbformat import NotebookNode
+
+from conftest import EngineProcess
 
 pytestmark = pytest.mark.vm
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pandastack
 import pytest
+
 from conftest import EngineProcess
 
 pytestmark = pytest.mark.vm

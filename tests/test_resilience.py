@@ -8,8 +8,8 @@ import time
 
 import pytest
 import requests
-from conftest import EngineProcess
 
+from conftest import EngineProcess
 from sandfork.sdk import ConflictError, Sandbox
 
 pytestmark = pytest.mark.vm

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import EngineProcess
 
+from conftest import EngineProcess
 from sandfork.sdk import Client, NotFoundError, Sandbox, SandforkError, Snapshot
 
 pytestmark = pytest.mark.vm

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from conftest import EngineProcess
 
 PACKAGE = Path(__file__).resolve().parent.parent / "typescript-sdk"

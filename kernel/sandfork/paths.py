@@ -6,7 +6,7 @@ multi-user setups use:
 - ``cache_dir()``: ``$SANDFORK_CACHE_DIR`` or ``$XDG_CACHE_HOME/sandfork`` (``~/.cache/sandfork``):
   rebuildable artifacts (template images, downloaded packages).
 - ``config_dir()``: ``$SANDFORK_CONFIG_DIR`` or ``$XDG_CONFIG_HOME/sandfork``
-  (``~/.config/sandfork``): files a person writes.
+  (``~/.config/sandfork``): files a person writes (``sandfork_engine_config.py``, templates).
 - ``state_dir()``: ``$SANDFORK_STATE_DIR``, ``$SANDFORK_HOME`` or ``$XDG_STATE_HOME/sandfork``
   (``~/.local/state/sandfork``): data that is not rebuildable (sandboxes, snapshots).
 - ``runtime_dir()``: ``state_dir()/run``: the running engine's address and API key.

@@ -23,15 +23,23 @@ import {
   renameSnapshot,
   restoreSnapshot
 } from './api';
+import { SandforkConfig } from './config';
 import { formatTime } from './format';
-import { notebookState } from './kernel';
 import { errorMessage, withProgress } from './progress';
-
-const MAX_BRANCHES = 8;
 
 /** How a snapshot is named in dialogs and notifications. */
 export function snapshotLabel(snapshot: ISnapshot): string {
   return snapshot.name ? `${snapshot.name} (${snapshot.id})` : snapshot.id;
+}
+
+/** Asks the user to go ahead with `action` (a warning button) or cancel. */
+async function confirm(title: string, body: string, action: string): Promise<boolean> {
+  const answer = await showDialog({
+    title,
+    body,
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: action })]
+  });
+  return answer.button.accept;
 }
 
 /**
@@ -41,7 +49,8 @@ export function snapshotLabel(snapshot: ISnapshot): string {
 export class SandforkActions {
   constructor(
     private readonly docManager: IDocumentManager,
-    private readonly tracker: INotebookTracker
+    private readonly tracker: INotebookTracker,
+    private readonly config: SandforkConfig
   ) {}
 
   /** Emitted after every operation that changed snapshots or sandboxes. */
@@ -116,19 +125,36 @@ export class SandforkActions {
 
   /** Forks the notebook's sandbox into branch notebooks, and opens them. */
   async fork(state: INotebookState): Promise<void> {
+    const limit = this.config.maxBranches;
+    if (limit < 1) {
+      await showErrorMessage('Cannot fork', 'The server allows no branch notebooks.');
+      return;
+    }
     const answer = await InputDialog.getItem({
       title: 'Fork',
       label: `Fork the sandbox of ${state.path} into how many branch notebooks?`,
-      items: Array.from({ length: MAX_BRANCHES }, (_, i) => String(i + 1)),
+      items: Array.from({ length: limit }, (_, i) => String(i + 1)),
       current: 0,
       okLabel: 'Fork'
     });
     if (!answer.button.accept || answer.value === null) {
       return;
     }
+    const count = Number(answer.value);
+    if (
+      count > this.config.confirmForkAbove &&
+      !(await confirm(
+        'Fork',
+        `Fork ${state.path} into ${count} branch notebook${count === 1 ? '' : 's'}? ` +
+          'Each runs in a sandbox of its own.',
+        'Fork'
+      ))
+    ) {
+      return;
+    }
     const branches = await withProgress(
       `Forking ${state.path}`,
-      operation => createForks(state, Number(answer.value), operation),
+      operation => createForks(state, count, operation),
       made => `Forked into ${made.map(b => b.path).join(', ')}`
     );
     if (branches) {
@@ -145,7 +171,7 @@ export class SandforkActions {
     const panel = this.tracker.find(
       p => p.sessionContext.session?.kernel?.id === sandbox.kernel_id
     );
-    const open = panel ? notebookState(panel) : null;
+    const open = this.config.kernels.notebookState(panel);
     if (open) {
       return this.fork(open);
     }
@@ -184,12 +210,14 @@ export class SandforkActions {
   }
 
   async remove(snapshot: ISnapshot): Promise<void> {
-    const answer = await showDialog({
-      title: 'Delete snapshot',
-      body: `Delete ${snapshotLabel(snapshot)}? Sandboxes restored from it are kept.`,
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
-    });
-    if (!answer.button.accept) {
+    if (
+      this.config.confirmDelete &&
+      !(await confirm(
+        'Delete snapshot',
+        `Delete ${snapshotLabel(snapshot)}? Sandboxes restored from it are kept.`,
+        'Delete'
+      ))
+    ) {
       return;
     }
     try {

@@ -73,6 +73,14 @@ export interface IOperation {
   error?: string;
 }
 
+/** The server's side of the configuration: `GET sandfork/api/config`. */
+export interface IServerConfig {
+  /** Most branch notebooks one fork may open (`SandforkExtension.max_branches`). */
+  max_branches: number;
+  /** The kernelspecs that are Sandfork kernels (the server's `is_sandfork_spec`). */
+  kernel_names: string[];
+}
+
 /** What snapshot and fork send: the notebook as the front end holds it, unsaved edits included. */
 export interface INotebookState {
   kernel_id: string;
@@ -111,6 +119,10 @@ async function request<T>(path: string, method = 'GET', body?: object): Promise<
 }
 
 const quote = encodeURIComponent;
+
+export function getServerConfig(): Promise<IServerConfig> {
+  return request('config');
+}
 
 export function getKernelSandbox(kernelId: string): Promise<IKernelSandbox> {
   return request(`kernels/${quote(kernelId)}`);

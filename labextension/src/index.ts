@@ -1,39 +1,61 @@
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, IToolbarWidgetRegistry } from '@jupyterlab/apputils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { INotebookTracker } from '@jupyterlab/notebook';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { SandforkActions } from './actions';
+import { IServerConfig, getServerConfig } from './api';
 import { addCommands } from './commands';
+import { SandforkConfig } from './config';
 import { SnapshotsPanel } from './panel';
 import { SandboxStatus } from './status';
-import { SandforkToolbar } from './toolbar';
+import { addToolbarItems } from './toolbar';
+
+const PLUGIN_ID = '@sandfork/jupyterlab:plugin';
+
+/** The server's configuration; without the server extension, no kernel is a Sandfork kernel. */
+async function loadServerConfig(): Promise<IServerConfig> {
+  try {
+    return await getServerConfig();
+  } catch (error) {
+    console.error('Sandfork: cannot read the server configuration (sandfork/api/config)', error);
+    return { max_branches: 0, kernel_names: [] };
+  }
+}
 
 const plugin: JupyterFrontEndPlugin<void> = {
-  id: '@sandfork/jupyterlab:plugin',
+  id: PLUGIN_ID,
   description: 'Snapshot, restore and fork the sandboxes of Sandfork kernels.',
   autoStart: true,
-  requires: [INotebookTracker, IDocumentManager],
+  requires: [INotebookTracker, IDocumentManager, ISettingRegistry, IToolbarWidgetRegistry],
   optional: [ICommandPalette, ILayoutRestorer, IStatusBar],
-  activate: (
+  activate: async (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     docManager: IDocumentManager,
+    settingRegistry: ISettingRegistry,
+    toolbarRegistry: IToolbarWidgetRegistry,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
     statusBar: IStatusBar | null
   ) => {
-    const actions = new SandforkActions(docManager, tracker);
-    addCommands(app, tracker, actions, palette);
-    app.docRegistry.addWidgetExtension('Notebook', new SandforkToolbar(actions));
+    const [server, settings] = await Promise.all([
+      loadServerConfig(),
+      settingRegistry.load(PLUGIN_ID)
+    ]);
+    const config = new SandforkConfig(server, settings);
+    const actions = new SandforkActions(docManager, tracker, config);
+    addCommands(app, tracker, actions, config.kernels, palette);
+    addToolbarItems(toolbarRegistry, app.commands);
 
     const panel = new SnapshotsPanel(actions);
     app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, panel.id);
 
     if (statusBar) {
-      const status = new SandboxStatus(tracker);
+      const status = new SandboxStatus(tracker, config.kernels);
       statusBar.registerStatusItem('@sandfork/jupyterlab:sandbox', {
         item: status,
         align: 'left',

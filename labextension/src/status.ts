@@ -5,7 +5,7 @@ import { Widget } from '@lumino/widgets';
 import { ApiError, IKernelSandbox, getKernelSandbox } from './api';
 import { formatMemory } from './format';
 import { sandforkIcon } from './icons';
-import { sandforkKernelId } from './kernel';
+import { SandforkKernels } from './kernel';
 import { errorMessage } from './progress';
 
 const RETRY_MS = 1000;
@@ -16,7 +16,10 @@ const MAX_TRIES = 180;
  * memory. The server answers 409 while the kernel is still attaching: it retries.
  */
 export class SandboxStatus extends Widget {
-  constructor(private readonly tracker: INotebookTracker) {
+  constructor(
+    private readonly tracker: INotebookTracker,
+    private readonly kernels: SandforkKernels
+  ) {
     super();
     this.addClass('sandfork-StatusItem');
     sandforkIcon.element({
@@ -51,7 +54,7 @@ export class SandboxStatus extends Widget {
   }
 
   private async load(): Promise<void> {
-    const kernelId = sandforkKernelId(this._panel);
+    const kernelId = this.kernels.kernelId(this._panel);
     const generation = ++this._generation;
     this.display(kernelId === null ? null : 'Sandbox: attaching…', '');
     for (let tries = 0; kernelId !== null && tries < MAX_TRIES; tries++) {

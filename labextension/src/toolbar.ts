@@ -1,87 +1,35 @@
-import { DocumentRegistry } from '@jupyterlab/docregistry';
-import { INotebookModel, NotebookPanel } from '@jupyterlab/notebook';
-import { LabIcon, ToolbarButton, historyIcon } from '@jupyterlab/ui-components';
-import { DisposableDelegate, IDisposable } from '@lumino/disposable';
+import { IToolbarWidgetRegistry } from '@jupyterlab/apputils';
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { CommandToolbarButton } from '@jupyterlab/ui-components';
+import { CommandRegistry } from '@lumino/commands';
 
-import { SandforkActions } from './actions';
-import { INotebookState } from './api';
-import { sandforkIcon, snapshotIcon } from './icons';
-import { notebookState, sandforkKernelId } from './kernel';
+import { CommandIDs } from './commands';
 
-interface IButtonSpec {
-  name: string;
-  label: string;
-  tooltip: string;
-  icon: LabIcon;
-  run: (panel: NotebookPanel) => Promise<void>;
-}
-
-/** Where the buttons go: after the notebook's run/interrupt/restart group. */
-const TOOLBAR_INDEX = 10;
+/** The notebook's document widget factory, whose toolbar takes the items. */
+const FACTORY = 'Notebook';
 
 /**
- * Adds Snapshot, Restore… and Fork to every notebook's toolbar, shown only while the
- * notebook's kernel is a Sandfork kernel.
+ * The notebook toolbar items schema/plugin.json declares (`jupyter.lab.toolbars`), by name,
+ * with their commands. Like the notebook's own items, where they go and whether they show
+ * are settings (Settings › Notebook Panel › toolbar: `rank`, `disabled`).
  */
-export class SandforkToolbar implements DocumentRegistry.IWidgetExtension<
-  NotebookPanel,
-  INotebookModel
-> {
-  constructor(private readonly actions: SandforkActions) {}
+const TOOLBAR_ITEMS: Readonly<Record<string, string>> = {
+  'sandfork-snapshot': CommandIDs.snapshot,
+  'sandfork-restore': CommandIDs.restore,
+  'sandfork-fork': CommandIDs.fork
+};
 
-  createNew(panel: NotebookPanel): IDisposable {
-    const actions = this.actions;
-    const withState =
-      (run: (state: INotebookState) => Promise<void>) =>
-      async (target: NotebookPanel): Promise<void> => {
-        const state = notebookState(target);
-        if (state) {
-          await run(state);
-        }
-      };
-    const specs: IButtonSpec[] = [
-      {
-        name: 'snapshot',
-        label: 'Snapshot',
-        tooltip: 'Snapshot the sandbox (kernel memory and disk) with this notebook',
-        icon: snapshotIcon,
-        run: withState(state => actions.snapshot(state))
-      },
-      {
-        name: 'restore',
-        label: 'Restore…',
-        tooltip: 'Restore a snapshot into a new notebook',
-        icon: historyIcon,
-        run: target => actions.chooseAndRestore(target.context.path)
-      },
-      {
-        name: 'fork',
-        label: 'Fork',
-        tooltip: 'Fork the live sandbox into branch notebooks',
-        icon: sandforkIcon,
-        run: withState(state => actions.fork(state))
-      }
-    ];
-    const buttons = specs.map((spec, offset) => {
-      const button = new ToolbarButton({
-        className: `sandfork-ToolbarButton sandfork-ToolbarButton-${spec.name}`,
-        label: spec.label,
-        tooltip: spec.tooltip,
-        icon: spec.icon,
-        onClick: () => void spec.run(panel)
-      });
-      panel.toolbar.insertItem(TOOLBAR_INDEX + offset, `sandfork-${spec.name}`, button);
-      return button;
-    });
-    const sync = (): void => {
-      const visible = sandforkKernelId(panel) !== null;
-      buttons.forEach(button => button.setHidden(!visible));
-    };
-    panel.sessionContext.kernelChanged.connect(sync);
-    sync();
-    return new DisposableDelegate(() => {
-      panel.sessionContext.kernelChanged.disconnect(sync);
-      buttons.forEach(button => button.dispose());
-    });
+/**
+ * Registers the widgets of the toolbar items: buttons of the commands that act on the
+ * button's own notebook and show only while its kernel is a Sandfork kernel.
+ */
+export function addToolbarItems(registry: IToolbarWidgetRegistry, commands: CommandRegistry): void {
+  for (const [name, id] of Object.entries(TOOLBAR_ITEMS)) {
+    registry.addFactory<NotebookPanel>(
+      FACTORY,
+      name,
+      panel =>
+        new CommandToolbarButton({ commands, id, args: { toolbar: true, notebook: panel.id } })
+    );
   }
 }

@@ -10,6 +10,26 @@ from sandfork.backends.channel import AgentChannel
 from sandfork.templates import BuiltTemplate
 
 
+class DiskImages(Protocol):
+    """A backend's disk images: copy-on-write layers in chains."""
+
+    def create_overlay(self, base: Path, overlay: Path) -> None:
+        """Make ``overlay`` a copy-on-write layer over ``base``."""
+
+    def backing_chain(self, image: Path) -> list[Path]:
+        """``image`` and the images below it, top first."""
+
+    def virtual_size(self, image: Path) -> int:
+        """The size of the disk ``image`` holds, in bytes."""
+
+    def rebase(self, layer: Path, backing: Path) -> None:
+        """Point ``layer`` at a new backing image (its contents unchanged)."""
+
+    def check_layer(self, layer: Path, max_virtual_size: int) -> None:
+        """Raise ``ValueError`` (saying why) unless ``layer``, from an untrusted file, is
+        safe to use as a layer of a disk of at most ``max_virtual_size`` bytes."""
+
+
 class Instance(Protocol):
     """One running sandbox as a backend sees it."""
 
@@ -40,6 +60,14 @@ class Backend(Protocol):
     """Creates sandboxes from templates and snapshots, and re-attaches to running ones."""
 
     name: str
+
+    @property
+    def images(self) -> DiskImages:
+        """Its disk images."""
+
+    def machine_key(self) -> str:
+        """What saved sandbox states depend on besides their spec (the hypervisor's build
+        and its device model): a state only restores where this is the same."""
 
     @property
     def accelerator(self) -> str:

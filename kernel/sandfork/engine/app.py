@@ -24,10 +24,10 @@ from sandfork.engine.egress import EgressProxy, exempting
 from sandfork.engine.errors import NotFound
 from sandfork.engine.handlers.base import ApiHandler
 from sandfork.engine.handlers.channels import ChannelsHandler
-from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler
+from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler, RecordedExecStreamHandler
 from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
 from sandfork.engine.handlers.leases import LeaseHandler
-from sandfork.engine.handlers.lineage import LedgeredExecStreamHandler, PromoteHandler
+from sandfork.engine.handlers.lineage import PromoteHandler
 from sandfork.engine.handlers.repl import (
     InterruptHandler,
     RestartHandler,
@@ -51,14 +51,14 @@ from sandfork.engine.handlers.snapshots import (
 )
 from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
 from sandfork.engine.limits import Limits
-from sandfork.engine.manager import SandboxManager
-from sandfork.engine.snapshots import SNAPSHOT_ID
+from sandfork.engine.services import Bounds, EngineServices
 from sandfork.paths import cache_dir, state_dir
+from sandfork.protocol import CONTEXT_ID, SANDBOX_ID, SNAPSHOT_ID
 
 log = logging.getLogger(__name__)
 
-_SBX = r"(sbx_[0-9a-f]{16})"
-_CTX = r"([A-Za-z0-9_-]{1,64})"
+_SBX = f"({SANDBOX_ID})"
+_CTX = f"({CONTEXT_ID})"
 _SNAP = f"({SNAPSHOT_ID})"
 
 
@@ -70,7 +70,7 @@ class NotFoundHandler(ApiHandler):
         raise NotFound(f"no such endpoint: {self.request.method} {self.request.path}")
 
 
-def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web.Application:
+def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> web.Application:
     """The tornado application serving the ``/v1`` API."""
     routes: list[Any] = [
         (r"/v1/health", HealthHandler),
@@ -80,7 +80,7 @@ def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web
         (rf"/v1/sandboxes/{_SBX}/lease", LeaseHandler),
         (rf"/v1/sandboxes/{_SBX}/exec", ExecHandler),
         (rf"/v1/sandboxes/{_SBX}/exec/stream", ExecStreamHandler),
-        (rf"/v1/sandboxes/{_SBX}/exec/stream/ledgered", LedgeredExecStreamHandler),
+        (rf"/v1/sandboxes/{_SBX}/exec/stream/ledgered", RecordedExecStreamHandler),
         (rf"/v1/sandboxes/{_SBX}/promote", PromoteHandler),
         (rf"/v1/sandboxes/{_SBX}/fs", FileHandler),
         (rf"/v1/sandboxes/{_SBX}/fs/dir", DirHandler),
@@ -106,7 +106,7 @@ def make_app(manager: SandboxManager, config: EngineConfig, api_key: str) -> web
     return web.Application(
         routes,
         default_handler_class=NotFoundHandler,
-        manager=manager,
+        services=services,
         config=config,
         api_key=api_key,
         max_body_size=256 * 1024 * 1024,
@@ -143,28 +143,30 @@ async def serve(config: EngineConfig) -> None:
     await egress.start()
     backend = VmBackend(ram, config.accelerator, config.boot_timeout, egress.path)
     captures_dir = Path(config.boot_snapshot_dir or cache_dir() / "boot-snapshots")
-    captures = BootCaptures(captures_dir) if config.boot_snapshots else None
-    manager = SandboxManager(
+    captures = BootCaptures(captures_dir, backend) if config.boot_snapshots else None
+    services = EngineServices.build(
         db,
         backend,
         home,
         captures,
         ram / "staging",
-        max_output=config.max_output_bytes,
-        default_timeout=config.default_exec_timeout,
-        limits=Limits(
+        Limits(
             max_sandboxes=config.max_sandboxes,
             max_total_memory_mb=config.max_total_memory_mb,
             snapshot_quota_mb=config.snapshot_quota_mb,
             ram_dir=ram,
             snapshots_dir=home,
         ),
+        Bounds(
+            max_output=config.max_output_bytes,
+            default_timeout=config.default_exec_timeout,
+            agent_timeout=config.agent_timeout,
+            max_file_bytes=config.max_file_bytes,
+        ),
     )
-    manager.agent_timeout = config.agent_timeout  # the bounds of work inside a sandbox
-    manager.max_file_bytes = config.max_file_bytes
-    await manager.start()
+    await services.start()
     sockets = bind_sockets(config.port, address=config.ip)
-    server = HTTPServer(make_app(manager, config, api_key), max_body_size=256 * 1024 * 1024)
+    server = HTTPServer(make_app(services, config, api_key), max_body_size=256 * 1024 * 1024)
     server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
     host = f"[{config.ip}]" if ":" in config.ip else config.ip
@@ -185,6 +187,6 @@ async def serve(config: EngineConfig) -> None:
     finally:
         server.stop()
         info.unlink(missing_ok=True)
-        await manager.stop()
+        await services.stop()
         await egress.close()
         db.close()

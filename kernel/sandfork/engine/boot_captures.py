@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandfork.backends.vm.qemu import MACHINE_REVISION, create_overlay, qemu_version
+from sandfork.backends.base import Backend
 from sandfork.templates import BuiltTemplate
 
 log = logging.getLogger(__name__)
@@ -62,13 +62,14 @@ def _generations(root: Path, stem: str) -> list[tuple[int, Path]]:
 class BootCaptures:
     """The cache of pre-booted template snapshots."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, backend: Backend) -> None:
         self.root = root
+        self.backend = backend
         self._locks: dict[str, asyncio.Lock] = {}
 
     def key(self, built: BuiltTemplate, spec: dict[str, Any]) -> str:
         """The cache key: everything the saved VM state depends on."""
-        inputs = json.dumps([built.key, spec, qemu_version(), MACHINE_REVISION], sort_keys=True)
+        inputs = json.dumps([built.key, spec, self.backend.machine_key()], sort_keys=True)
         return hashlib.sha256(inputs.encode()).hexdigest()[:16]
 
     async def start(
@@ -117,7 +118,8 @@ class BootCaptures:
                 digest.update(chunk)
         return digest.hexdigest()
 
-    def valid(self, directory: Path) -> bool:
+    @classmethod
+    def valid(cls, directory: Path) -> bool:
         """True if every file of the capture has the size its manifest records and the
         device state its checksum (the memory image is too big to read on every use)."""
         try:
@@ -129,7 +131,7 @@ class BootCaptures:
             return bool(
                 DISK in sizes
                 and CHECKSUMMED in sizes
-                and self.checksum(directory / CHECKSUMMED) == manifest["sha256"][CHECKSUMMED]
+                and cls.checksum(directory / CHECKSUMMED) == manifest["sha256"][CHECKSUMMED]
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return False
@@ -152,7 +154,7 @@ class BootCaptures:
         staging.mkdir(parents=True)
         try:
             disk = staging / DISK
-            await asyncio.to_thread(create_overlay, built.rootfs, disk)
+            await asyncio.to_thread(self.backend.new_disk, built.rootfs, disk)
             await capture(spec, disk, staging)
             files = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
             checksum = await asyncio.to_thread(self.checksum, staging / CHECKSUMMED)

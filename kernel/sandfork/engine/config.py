@@ -1,4 +1,10 @@
-"""The engine's configuration (traitlets: settable from the CLI and config files)."""
+"""The engine's configuration: every setting of ``sandfork serve`` is a trait here.
+
+The engine reads an :class:`EngineConfig`; :class:`~sandfork.engine.engine_app.SandforkEngineApp`
+fills it from ``sandfork_engine_config.py``, ``SANDFORK_<NAME>`` environment variables and the
+command line (``--EngineConfig.<name>=<value>``), so a trait added here with ``config=True`` is
+reachable from all three at once.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,9 @@ class EngineConfig(LoggingConfigurable):
     )
     port = Int(8765, help="TCP port of the HTTP API (0 picks a free one).").tag(config=True)
     state_dir = Unicode(
-        "", help="Directory for the database, sandboxes and snapshots (default: SANDFORK_HOME)."
+        "",
+        help="Directory for the database, sandboxes and snapshots (default: $SANDFORK_HOME, "
+        "else ~/.local/state/sandfork).",
     ).tag(config=True)
     accelerator = Enum(
         ["auto", "kvm", "tcg"], "auto", help="QEMU accelerator; auto detects working KVM."

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandfork.protocol import SnapshotInfo
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
@@ -236,22 +238,22 @@ class SnapshotRecord:
     attachments: list[str] = field(default_factory=list)
 
     def to_api(self) -> dict[str, Any]:
-        """The snapshot as the HTTP API shows it."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "created_at": self.created_at,
-            "sandbox_id": self.sandbox_id,
-            "template": self.template,
-            "parent_id": self.parent_id,
-            "size_bytes": self.size_bytes,
-            "paused_ms": self.paused_ms,
-            "memory_mb": self.vm.get("memory_mb"),
-            "cpu": self.vm.get("cpus"),
-            "contexts": self.contexts,
-            "metadata": self.metadata,
-            "attachments": self.attachments,
-        }
+        """The snapshot as the HTTP API shows it (:class:`sandfork.protocol.SnapshotInfo`)."""
+        return SnapshotInfo(
+            id=self.id,
+            name=self.name,
+            created_at=self.created_at,
+            sandbox_id=self.sandbox_id,
+            template=self.template,
+            parent_id=self.parent_id,
+            size_bytes=self.size_bytes,
+            paused_ms=self.paused_ms,
+            memory_mb=self.vm.get("memory_mb"),
+            cpu=self.vm.get("cpus"),
+            contexts=self.contexts,
+            metadata=self.metadata,
+            attachments=self.attachments,
+        ).to_api()
 
 
 def _record(row: sqlite3.Row) -> SandboxRecord:

@@ -22,14 +22,14 @@ import hashlib
 import io
 import json
 import shutil
-import subprocess
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import zstandard
 
+from sandfork.backends.base import DiskImages
 from sandfork.engine.db import SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest
 from sandfork.engine.manifest import (
@@ -49,10 +49,8 @@ __all__ = [
     "MANIFEST",
     "ImportLimits",
     "Manifest",
-    "backing_chain",
     "check_layers",
     "export_snapshot",
-    "rebase",
     "reset_tmp",
     "unpack",
 ]
@@ -63,8 +61,6 @@ _CHUNK = 1 << 20
 _BLOCK = 1 << 16  # granularity of the zero test of sparse writes
 _ZEROS = bytes(_BLOCK)
 _MAX_WINDOW = 1 << 27  # zstd's default window limit; a frame asking for more is refused
-_QCOW2_MAGIC = b"QFI\xfb"
-_QCOW2_EXTERNAL_DATA_FILE = 1 << 2  # incompatible feature bit of qcow2 version 3
 
 
 def _sha256(path: Path) -> str:
@@ -88,31 +84,15 @@ class _Hashing:
         return data
 
 
-def _image_info(image: Path, *options: str) -> Any:
-    """``qemu-img info`` of ``image`` as JSON."""
-    out = subprocess.run(
-        ["qemu-img", "info", "--output=json", *options, str(image)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(out)
-
-
-def backing_chain(image: Path) -> list[Path]:
-    """``image`` and the images below it, top first (from the qcow2 headers)."""
-    return [Path(entry["filename"]) for entry in _image_info(image, "--backing-chain", "-U")]
-
-
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)  # no owner, times or modes of this host in the file
     info.size, info.mode = size, 0o644
     return info
 
 
-def export_snapshot(snap: SnapshotRecord, snap_dir: Path, out: Path) -> None:
+def export_snapshot(snap: SnapshotRecord, snap_dir: Path, out: Path, images: DiskImages) -> None:
     """Write ``snap`` (its files in ``snap_dir``) to ``out``, manifest first."""
-    chain = backing_chain(Path(snap.disk))
+    chain = images.backing_chain(Path(snap.disk))
     rootfs = chain[-1]  # the template's root image, which the importing machine builds itself
     layers = list(reversed(chain[:-1]))
     files = {"devices.state": snap_dir / "devices.state", "memory.img": snap_dir / "memory.img"}
@@ -238,45 +218,15 @@ def _member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
 # --- layers --------------------------------------------------------------------------------
 
 
-def check_layer(layer: Path, max_virtual_size: int) -> None:
-    """A 400 unless ``layer`` is a plain qcow2 image (no external data file) no larger than
-    ``max_virtual_size``. Its backing file name is ignored: :func:`rebase` replaces it."""
-    with layer.open("rb") as f:
-        header = f.read(104)
-    version = int.from_bytes(header[4:8], "big")
-    if header[:4] != _QCOW2_MAGIC or version not in (2, 3):
-        raise BadRequest(f"the snapshot file is invalid: {layer.name} is not a qcow2 image")
-    if version == 3 and int.from_bytes(header[72:80], "big") & _QCOW2_EXTERNAL_DATA_FILE:
-        raise BadRequest(f"the snapshot file is invalid: {layer.name} has an external data file")
-    try:  # opens neither the backing file nor (as checked) a data file
-        info = _image_info(layer, "-f", "qcow2")
-    except subprocess.CalledProcessError as e:
-        raise BadRequest(
-            f"the snapshot file is invalid: {layer.name} is not a valid qcow2 image"
-        ) from e
-    specific = info.get("format-specific", {}).get("data", {})
-    if info.get("format") != "qcow2" or "data-file" in specific:
-        raise BadRequest(f"the snapshot file is invalid: {layer.name} has an external data file")
-    if info.get("encrypted"):
-        raise BadRequest(f"the snapshot file is invalid: {layer.name} is encrypted")
-    if info.get("virtual-size", 0) > max_virtual_size:
-        raise BadRequest(f"the snapshot file is invalid: {layer.name} is larger than the disk")
-
-
-def check_layers(staging: Path, count: int, rootfs: Path) -> None:
-    """Check the staged layers with :func:`check_layer` against the local root image."""
-    disk_size = int(_image_info(rootfs, "-U")["virtual-size"])
+def check_layers(staging: Path, count: int, rootfs: Path, images: DiskImages) -> None:
+    """A 400 unless every staged layer passes the backend's check against the local root
+    image (see :meth:`sandfork.backends.base.DiskImages.check_layer`)."""
+    disk_size = images.virtual_size(rootfs)
     for i in range(count):
-        check_layer(staging / f"layer{i}.qcow2", disk_size)
-
-
-def rebase(layer: Path, backing: Path) -> None:
-    """Point a qcow2 layer at a new backing file (header only; contents unchanged)."""
-    subprocess.run(
-        ["qemu-img", "rebase", "-u", "-F", "qcow2", "-b", str(backing), str(layer)],
-        check=True,
-        capture_output=True,
-    )
+        try:
+            images.check_layer(staging / f"layer{i}.qcow2", disk_size)
+        except ValueError as e:
+            raise BadRequest(f"the snapshot file is invalid: {e}") from e
 
 
 def reset_tmp(directory: Path) -> None:

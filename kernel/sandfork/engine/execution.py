@@ -1,203 +1,309 @@
-"""``run_code``: one execute request to a code context, its outputs gathered into a result.
+"""Work inside a sandbox: commands, files, code contexts, and the ledger that records them.
 
-The guest agent only relays Jupyter messages; this module builds the execute request and
-turns the replies into the API's shape: ``results`` (one ``{type, data}`` per MIME type of
-each ``execute_result``/``display_data``), ``stdout``, ``stderr`` and ``error``.
+One job: every request that reaches a running sandbox's guest agent. Each has a deadline:
+``agent_timeout`` (exec and run_code: their own timeout plus it); reads and writes are
+bounded by ``max_file_bytes``. Every exec and run_code (streamed or not) is appended to the
+sandbox's ledger here, with its result or its failure, so a resume can replay it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
-import json
-import re
 import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from jupyter_client.session import Session
+from sandfork.backends.channel import AgentError, AgentUnavailable, default_wait
+from sandfork.engine.db import SandboxRecord
+from sandfork.engine.errors import ApiError, Conflict, NotFound, Timeout, TooLarge, Unresponsive
+from sandfork.engine.ledger import Ledger, now
+from sandfork.engine.sandboxes import SandboxService
+from sandfork.protocol import DEFAULT_CONTEXT
 
-from sandfork.backends.channel import (
-    DEFAULT_AGENT_TIMEOUT,
-    AgentChannel,
-    AgentError,
-    AgentTimeout,
-)
-from sandfork.engine.errors import NotFound, Timeout
+_AGENT_ERROR_STATUS = {
+    "BadRequest": 400,
+    "IsADirectory": 400,
+    "NotADirectory": 400,
+    "PermissionDenied": 403,
+    "NotFound": 404,
+    "Exists": 409,
+    "Timeout": 504,
+    "TooLarge": 413,
+}
+UNRESPONSIVE = "unresponsive: "  # how a sandbox's ``error`` starts while its agent is silent
+_RESULT_FIELDS = ("stdout", "stderr", "exit_code", "duration_ms", "truncated")
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_INTERRUPT_GRACE = 10.0  # seconds an interrupted cell gets to wind down
+# Run in a fork's code contexts when asked: forks start with identical RNG states.
+_RESEED = """\
+import os as _os, random as _random, sys as _sys
+_random.seed(_os.urandom(32))
+if "numpy" in _sys.modules:
+    _sys.modules["numpy"].random.seed(int.from_bytes(_os.urandom(4), "little"))
+del _os, _random, _sys
+"""
 
 
-def truncate(text: str, limit: int) -> str:
-    """Cut ``text`` to ``limit`` bytes of UTF-8, ending with a marker saying how much went."""
-    data = text.encode()
-    if len(data) <= limit:
-        return text
-    kept = data[:limit].decode(errors="ignore")
-    return f"{kept}\n[sandfork: output truncated, {len(data) - limit} bytes omitted]\n"
+@contextlib.contextmanager
+def agent_failures(record: SandboxRecord) -> Iterator[None]:
+    """Map the agent's errors to API errors: its own by type, a lost connection as a 409,
+    no answer within the deadline as a 504 (and the sandbox's ``error`` says unresponsive
+    until its agent answers again)."""
+    try:
+        yield
+    except TimeoutError as e:
+        record.error = f"{UNRESPONSIVE}{e}"
+        raise Unresponsive(f"sandbox {record.id} is unresponsive: {e}") from e
+    except AgentUnavailable as e:
+        raise Conflict(f"sandbox {record.id} did not answer: {e}") from e
+    except AgentError as e:
+        _answered(record)
+        raise ApiError(e.message, _AGENT_ERROR_STATUS.get(e.type, 500)) from e
+    _answered(record)
 
 
-@dataclass
-class _Run:
-    context: str
-    max_output: int
-    started: float = field(default_factory=time.monotonic)
-    results: list[dict[str, Any]] = field(default_factory=list)
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
-    error: dict[str, Any] | None = None
-    execution_count: int | None = None
-    replied: bool = False
-    idle: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    died: str | None = None
+def _answered(record: SandboxRecord) -> None:
+    if record.error is not None and record.error.startswith(UNRESPONSIVE):
+        record.error = None
 
-    def add(self, channel: str, msg: dict[str, Any]) -> None:
-        kind = msg.get("header", {}).get("msg_type")
-        content = msg.get("content", {})
-        if channel == "shell" and kind == "execute_reply":
-            self.replied = True
-            self.execution_count = content.get("execution_count")
-            if content.get("status") == "aborted" and self.error is None:
-                self.error = {
-                    "name": "Aborted",
-                    "value": "the kernel skipped this code because an earlier run failed",
-                    "traceback": [],
-                }
-        elif kind == "status" and content.get("execution_state") == "idle":
-            self.idle = True
-        elif kind == "stream":
-            (self.stdout if content.get("name") == "stdout" else self.stderr).append(
-                content.get("text", "")
+
+@dataclass(frozen=True)
+class Command:
+    """A shell command to run in a sandbox, as the API takes it."""
+
+    cmd: str
+    timeout: float | None = None
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+
+
+class ExecutionService:
+    """Runs commands and code, and moves files, inside running sandboxes."""
+
+    def __init__(
+        self,
+        sandboxes: SandboxService,
+        ledger: Ledger,
+        *,
+        max_output: int,
+        default_timeout: float,
+        agent_timeout: float,
+        max_file_bytes: int,
+    ) -> None:
+        self.sandboxes = sandboxes
+        self.ledger = ledger
+        self.max_output = max_output
+        self.default_timeout = default_timeout
+        self.agent_timeout = agent_timeout
+        self.max_file_bytes = max_file_bytes
+
+    async def _call(
+        self, sandbox_id: str, op: str, args: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """One agent request within its deadline, agent failures mapped to API errors."""
+        live = self.sandboxes.live(sandbox_id)
+        with agent_failures(live.record):
+            return await live.instance.agent.request(
+                op, args, wait=default_wait(op, self.agent_timeout)
             )
-        elif kind in ("execute_result", "display_data"):
-            for mime, value in (content.get("data") or {}).items():
-                data = value if isinstance(value, str) else json.dumps(value)
-                self.results.append(
-                    {"type": mime, "data": data, "is_main_result": kind == "execute_result"}
-                )
-        elif kind == "error":
-            self.error = {
-                "name": content.get("ename", ""),
-                "value": content.get("evalue", ""),
-                "traceback": [_ANSI.sub("", line) for line in content.get("traceback", [])],
-            }
-        elif kind == "clear_output":
-            self.results.clear()
-            self.stdout.clear()
-            self.stderr.clear()
-        if self.replied and self.idle:
-            self.done.set()
 
-    def kernel_died(self, reason: str) -> None:
-        self.died = reason
-        self.done.set()
+    async def _recorded(
+        self, sandbox_id: str, kind: str, request: dict[str, Any], call: Awaitable[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Await ``call`` and append it, with its result, to the sandbox's ledger.
 
-    def to_api(self) -> dict[str, Any]:
-        error = self.error
-        if self.died is not None:
-            error = {
-                "name": "KernelDied",
-                "value": f"the code context's kernel died: {self.died}; it restarts on next use",
-                "traceback": [],
-            }
+        A call that fails once it reached the sandbox (a timeout, an agent error) is recorded
+        too, as ``{"failed": {"status", "error"}}``: a resume replays the failure, so the
+        calls after it keep their numbers.
+        """
+        started_at, started = now(), time.monotonic()
+        try:
+            result = await call
+        except ApiError as e:
+            if not isinstance(e, NotFound):
+                failure = {"failed": {"status": e.status, "error": e.message}}
+                duration_ms = int((time.monotonic() - started) * 1000)
+                self.ledger.append(sandbox_id, kind, request, failure, started_at, duration_ms)
+            raise
+        duration_ms = int((time.monotonic() - started) * 1000)
+        result["seq"] = self.ledger.append(
+            sandbox_id, kind, request, result, started_at, duration_ms
+        )
+        return result
+
+    def ledger_events(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The sandbox's ledger: its calls and checkpoints, in order (kept after a kill:
+        a killed sandbox can still be resumed)."""
+        return self.ledger.events(sandbox_id)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _exec_args(self, command: Command, stream: bool) -> dict[str, Any]:
         return {
-            "results": self.results,
-            "stdout": truncate("".join(self.stdout), self.max_output),
-            "stderr": truncate("".join(self.stderr), self.max_output),
-            "error": error,
-            "exit_code": 1 if error else 0,
-            "execution_count": self.execution_count,
-            "duration_ms": int((time.monotonic() - self.started) * 1000),
+            "cmd": command.cmd,
+            "timeout": command.timeout or self.default_timeout,
+            "env": command.env or {},
+            "cwd": command.cwd,
+            "max_output": self.max_output,
+            "stream": stream,
         }
 
+    async def exec(
+        self, sandbox_id: str, command: Command, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Run a shell command and record it (``request`` as the client sent it); raises
+        :class:`Timeout` when it had to be killed."""
+        return await self._recorded(sandbox_id, "exec", request, self._exec(sandbox_id, command))
 
-class CodeRunner:
-    """Runs code in the code contexts of one sandbox."""
+    async def _exec(self, sandbox_id: str, command: Command) -> dict[str, Any]:
+        live = self.sandboxes.live(sandbox_id)
+        args = self._exec_args(command, stream=False)
+        with agent_failures(live.record):
+            result = await live.instance.agent.request(
+                "exec", args, wait=args["timeout"] + self.agent_timeout
+            )
+        if result.get("timed_out"):
+            raise Timeout(f"timeout: the command ran past {args['timeout']:g} s and was killed")
+        return {k: result[k] for k in _RESULT_FIELDS}
 
-    def __init__(self, agent: AgentChannel) -> None:
-        self._agent = agent
-        self._session = Session(username="sandfork")
-        self._runs: dict[str, _Run] = {}
-        agent.add_listener(self._on_event)
+    async def exec_stream(
+        self, sandbox_id: str, command: Command, request: dict[str, Any] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Run a shell command, yielding ``stdout``/``stderr`` events as they come and then
+        ``result`` (the fields of :meth:`exec`'s answer). With ``request``, the call is
+        recorded in the ledger like :meth:`exec` and its ``result`` carries its ``seq``."""
+        live = self.sandboxes.live(sandbox_id)  # a 404/409 before the stream starts
+        args = self._exec_args(command, stream=True)
+        events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
-    def _on_event(self, frame: dict[str, Any]) -> None:
-        if frame.get("event") == "kernel":
-            msg = frame.get("msg") or {}
-            run = self._runs.get((msg.get("parent_header") or {}).get("msg_id", ""))
-            if run is not None:
-                run.add(str(frame.get("channel")), msg)
-        elif frame.get("event") == "context_status" and frame.get("status") == "dead":
-            for run in self._runs.values():
-                if run.context == frame.get("context"):
-                    run.kernel_died(str(frame.get("reason", "unknown reason")))
+        async def run() -> dict[str, Any]:
+            try:
+                with agent_failures(live.record):
+                    async for event in live.instance.agent.stream(
+                        "exec", args, wait=args["timeout"] + self.agent_timeout
+                    ):
+                        if event["event"] == "result":
+                            if event.get("timed_out"):
+                                raise Timeout("timeout: the command was killed")
+                            return {k: event[k] for k in _RESULT_FIELDS}
+                        events.put_nowait(event)
+                raise ApiError("the command's output stream ended without a result", 502)
+            finally:
+                events.put_nowait(None)
 
-    async def run(
+        call = run() if request is None else self._recorded(sandbox_id, "exec", request, run())
+        task = asyncio.ensure_future(call)
+        try:
+            while (event := await events.get()) is not None:
+                yield event
+            yield {"event": "result", **(await task)}
+        finally:
+            task.cancel()
+
+    # -- files ------------------------------------------------------------------------------
+
+    async def read_file(
+        self, sandbox_id: str, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes:
+        """The bytes of a file in the sandbox (``length`` bytes from ``offset``, or all).
+
+        A file over ``max_file_bytes`` without a ``length`` is a 413; so is anything but a
+        regular file (a device, a pipe) without one.
+        """
+        args = {"path": path, "offset": offset, "length": length, "max_bytes": self.max_file_bytes}
+        result = await self._call(sandbox_id, "fs.read", args)
+        return base64.b64decode(result["data"])
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> dict[str, Any]:
+        """Write a file in the sandbox (parent directories are created)."""
+        if len(data) > self.max_file_bytes:
+            raise TooLarge(f"the file is larger than the limit of {self.max_file_bytes} bytes")
+        return await self._call(
+            sandbox_id, "fs.write", {"path": path, "data": base64.b64encode(data).decode()}
+        )
+
+    async def list_dir(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        """The entries of a directory in the sandbox."""
+        return await self._call(sandbox_id, "fs.list", {"path": path})
+
+    async def stat(self, sandbox_id: str, path: str) -> dict[str, Any]:
+        """Name, size, mode, mtime and type of a path in the sandbox."""
+        return await self._call(sandbox_id, "fs.stat", {"path": path})
+
+    async def delete_path(self, sandbox_id: str, path: str, recursive: bool) -> None:
+        """Delete a file (or, ``recursive``, a directory tree) in the sandbox."""
+        await self._call(sandbox_id, "fs.delete", {"path": path, "recursive": recursive})
+
+    # -- code contexts ----------------------------------------------------------------------
+
+    async def contexts(self, sandbox_id: str) -> dict[str, Any]:
+        """The sandbox's code contexts: ``{"contexts": [{id, status, ...}]}``."""
+        return await self._call(sandbox_id, "ctx.list")
+
+    async def create_context(self, sandbox_id: str, isolated: bool) -> dict[str, Any]:
+        """The default code context, or a new isolated one."""
+        return await self._call(sandbox_id, "ctx.create", {"isolated": isolated})
+
+    async def close_context(self, sandbox_id: str, context: str) -> None:
+        """Shut an isolated context down; the default context stays for the next turn."""
+        if context != DEFAULT_CONTEXT:
+            await self._call(sandbox_id, "ctx.shutdown", {"context": context})
+
+    async def interrupt(self, sandbox_id: str, context: str) -> None:
+        """Interrupt the code running in a context (SIGINT to its kernel)."""
+        await self._call(sandbox_id, "ctx.interrupt", {"context": context})
+
+    async def restart(self, sandbox_id: str, context: str) -> None:
+        """Restart a context's kernel: the context keeps its id, its state is gone."""
+        await self._call(sandbox_id, "ctx.restart", {"context": context})
+
+    def subscribe(
+        self, sandbox_id: str, listener: Callable[[dict[str, Any]], None]
+    ) -> Callable[[], None]:
+        """Have ``listener`` called with every event of the sandbox's agent (kernel messages,
+        context status); returns the function that ends it."""
+        return self.sandboxes.live(sandbox_id).instance.agent.add_listener(listener)
+
+    async def send_to_kernel(
+        self, sandbox_id: str, context: str, channel: str, msg: dict[str, Any]
+    ) -> None:
+        """Hand one Jupyter message (``shell``, ``control`` or ``stdin``) to a context's
+        kernel; its replies come to the listeners of :meth:`subscribe`."""
+        args = {"context": context, "channel": channel, "msg": msg}
+        await self._call(sandbox_id, "ctx.send", args)
+
+    async def run_code(
         self,
+        sandbox_id: str,
         context: str,
         code: str,
-        timeout: float,
-        max_output: int,
-        *,
-        margin: float = DEFAULT_AGENT_TIMEOUT,
-        silent: bool = False,
+        timeout: float | None,
+        request: dict[str, Any],
     ) -> dict[str, Any]:
-        """Execute ``code`` in ``context`` and return the API result.
-
-        Past ``timeout`` the code is interrupted (:class:`Timeout`). The whole call, the
-        request to the agent and the interrupt included, ends within ``timeout + margin``:
-        past that the agent is not answering (:class:`AgentTimeout`), e.g. a guest
-        starved by a fork bomb. ``silent`` code leaves no trace in the kernel's history or
-        execution count.
-        """
-        try:
-            async with asyncio.timeout(timeout + margin):
-                return await self._run(context, code, timeout, max_output, silent, margin)
-        except TimeoutError as e:
-            if isinstance(e, AgentTimeout):
-                raise
-            raise AgentTimeout("ctx.send", timeout + margin) from None
+        """Run code in a code context and record it; its outputs (within timeout +
+        ``agent_timeout``)."""
+        return await self._recorded(
+            sandbox_id, "run_code", request, self._run(sandbox_id, context, code, timeout)
+        )
 
     async def _run(
-        self, context: str, code: str, timeout: float, max_output: int, silent: bool, margin: float
+        self, sandbox_id: str, context: str, code: str, timeout: float | None, silent: bool = False
     ) -> dict[str, Any]:
-        wait = timeout + margin  # each request's own deadline; run() bounds them together
-        msg = self._session.msg(
-            "execute_request",
-            {
-                "code": code,
-                "silent": silent,
-                "store_history": not silent,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": True,
-            },
-        )
-        msg_id = msg["header"]["msg_id"]
-        run = self._runs[msg_id] = _Run(context, max_output)
-        try:
-            try:
-                await self._agent.request(
-                    "ctx.send",
-                    {"context": context, "channel": "shell", "msg": msg},
-                    wait=wait,
-                )
-            except AgentError as e:
-                if e.type == "NotFound":
-                    raise NotFound(f"no code context {context!r} in this sandbox") from e
-                raise
-            try:
-                await asyncio.wait_for(run.done.wait(), timeout)
-            except TimeoutError:
-                await self._agent.request("ctx.interrupt", {"context": context}, wait=wait)
-                # Let the interrupted cell finish, so the next run does not land in the
-                # window where the kernel aborts requests queued behind an error.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(run.done.wait(), _INTERRUPT_GRACE)
-                raise Timeout(
-                    f"timeout: the code ran past {timeout:g} s and was interrupted"
-                ) from None
-            return run.to_api()
-        finally:
-            del self._runs[msg_id]
+        live = self.sandboxes.live(sandbox_id)
+        with agent_failures(live.record):
+            return await live.runner.run(
+                context,
+                code,
+                timeout or self.default_timeout,
+                self.max_output,
+                margin=self.agent_timeout,
+                silent=silent,
+            )
+
+    async def reseed_python(self, sandbox_id: str) -> None:
+        """Reseed ``random`` (and NumPy's global generator) in every running context."""
+        for ctx in (await self.contexts(sandbox_id)).get("contexts", []):
+            if ctx.get("status") == "running":
+                await self._run(sandbox_id, ctx["id"], _RESEED, 60, silent=True)

@@ -25,6 +25,7 @@ from sandfork.engine.snapshots import (
     check_attachment_name,
     check_name,
 )
+from sandfork.protocol import CONTEXT_ID, SANDBOX_ID
 from sandfork.templates.errors import TemplateError
 from sandfork.templates.spec import check_template_name
 
@@ -35,8 +36,8 @@ MAX_DEVICE_STATE_BYTES = 256 * 2**20
 MAX_MANIFEST_BYTES = 2**20
 MAX_DISK_BYTES = 64 * 2**30  # all layers of one snapshot together
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_SANDBOX_ID = re.compile(r"sbx_[0-9a-f]{16}")
-_CONTEXT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SANDBOX_ID = re.compile(SANDBOX_ID)
+_CONTEXT_ID = re.compile(CONTEXT_ID)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 

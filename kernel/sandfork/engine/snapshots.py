@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import re
 import secrets
 import shutil
 from collections import Counter
@@ -22,30 +21,32 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sandfork import protocol
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, Conflict, NotFound
+from sandfork.protocol import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
+from sandfork.protocol import SNAPSHOT_ID as SNAPSHOT_ID
+from sandfork.protocol import new_snapshot_id as new_snapshot_id
 
 log = logging.getLogger(__name__)
 
 ATTACHMENTS = "attachments"  # the folder of a snapshot's attached files
-MAX_ATTACHMENT_BYTES = 64 * 2**20
-_ATTACHMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 def check_name(name: str) -> str:
-    """``name`` if it is a valid snapshot name, else a 400."""
-    if not name or len(name) > 200 or any(ord(c) < 32 for c in name):
-        raise BadRequest("a snapshot name must be 1-200 printable characters")
-    return name
+    """``name`` if it is a valid snapshot name (:mod:`sandfork.protocol`'s rule), else a 400."""
+    try:
+        return protocol.check_snapshot_name(name)
+    except ValueError as e:
+        raise BadRequest(str(e)) from e
 
 
 def check_attachment_name(name: str) -> str:
     """``name`` if it is a valid attachment name (a plain file name), else a 400."""
-    if not _ATTACHMENT_NAME.fullmatch(name):
-        raise BadRequest(
-            f"bad attachment name {name!r}: 1-100 of letters, digits, '.', '_' and '-'"
-        )
-    return name
+    try:
+        return protocol.check_attachment_name(name)
+    except ValueError as e:
+        raise BadRequest(str(e)) from e
 
 
 def write_attachments(staging: Path, attachments: dict[str, bytes]) -> list[str]:
@@ -59,19 +60,19 @@ def write_attachments(staging: Path, attachments: dict[str, bytes]) -> list[str]
     return sorted(attachments)
 
 
+def stored_bytes(path: Path | None) -> int:
+    """Bytes a file (or a folder's files) take on disk: holes are free."""
+    if path is None or not path.exists():
+        return 0
+    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
+    return sum(p.stat().st_blocks * 512 for p in files)
+
+
 def _delete(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
-
-SNAPSHOT_ID = r"snap_[0-9a-f]{16}"  # what new_snapshot_id makes
-
-
-def new_snapshot_id() -> str:
-    """A fresh, unguessable snapshot id."""
-    return "snap_" + secrets.token_hex(8)
 
 
 class SnapshotStore:

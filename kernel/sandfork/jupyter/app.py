@@ -3,28 +3,29 @@
 from __future__ import annotations
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, Int, Unicode
+from traitlets import Float, Int
 
-from sandfork.jupyter.engine import EngineClient
+from sandfork.client import EngineConnection
 from sandfork.jupyter.handlers import HANDLERS
 from sandfork.jupyter.operations import Operations
 from sandfork.jupyter.service import SandforkService
+from sandfork.protocol import MAX_BRANCHES
 
 
 class SandforkExtension(ExtensionApp):
     """Snapshot, restore and fork for notebooks on Sandfork kernels.
 
-    Configure in ``jupyter_server_config.py`` as ``c.SandforkExtension.<trait>``.
+    Configure in ``jupyter_server_config.py`` as ``c.SandforkExtension.<trait>``; the engine
+    as ``c.EngineConnection.engine_url`` and ``api_key``.
     """
 
     name = "sandfork"
     load_other_extensions = True
+    classes = [EngineConnection]  # noqa: RUF012 (traitlets' own class attribute)
 
-    engine_url = Unicode(
-        help="The Sandfork engine's URL (default: SANDFORK_API, else the local engine)."
-    ).tag(config=True)
-    api_key = Unicode(help="The engine's API key (with engine_url).").tag(config=True)
-    max_branches = Int(8, help="Most branch notebooks one fork may open.").tag(config=True)
+    max_branches = Int(MAX_BRANCHES, help="Most branch notebooks one fork may open.").tag(
+        config=True
+    )
     lease_seconds = Float(
         120.0,
         help="Lease of a sandbox made for a restored or branch notebook, until its kernel "
@@ -33,7 +34,7 @@ class SandforkExtension(ExtensionApp):
 
     def initialize_settings(self) -> None:
         """Make the service the handlers use."""
-        engine = EngineClient(self.engine_url, self.api_key)
+        engine = EngineConnection.of(self, self.log).client()
         service = SandforkService(
             self.serverapp, engine, Operations(), self.max_branches, self.lease_seconds
         )

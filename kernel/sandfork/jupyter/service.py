@@ -11,16 +11,13 @@ import asyncio
 import contextlib
 import json
 import posixpath
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyter_server.utils import ensure_async
 from tornado import web
 
-from sandfork.engine.errors import BadRequest
-from sandfork.engine.snapshots import SNAPSHOT_ID, check_name
-from sandfork.jupyter.engine import EngineClient, EngineError
+from sandfork.client import EngineClient
 from sandfork.jupyter.errors import error_message, http_error
 from sandfork.jupyter.kernels import (
     KERNEL_NAME,
@@ -37,14 +34,20 @@ from sandfork.jupyter.notebooks import (
     write_notebook,
 )
 from sandfork.jupyter.operations import Operation, Operations
+from sandfork.protocol import (
+    DEFAULT_CONTEXT,
+    SandforkError,
+    SnapshotInfo,
+    check_snapshot_name,
+    is_snapshot_id,
+)
 
 NOTEBOOK = "notebook.ipynb"  # the attachment holding the notebook document of a snapshot
-_SNAPSHOT_ID = re.compile(SNAPSHOT_ID)
 
 
 def checked_snapshot_id(snapshot_id: str) -> str:
     """``snapshot_id`` if it looks like one, else a 404 (it cannot exist)."""
-    if not _SNAPSHOT_ID.fullmatch(snapshot_id):
+    if not is_snapshot_id(snapshot_id):
         raise http_error(404, f"no snapshot {snapshot_id!r}")
     return snapshot_id
 
@@ -53,13 +56,11 @@ def checked_name(name: Any) -> str | None:
     """An optional snapshot name (the engine's rule), stripped of outer spaces."""
     if name is None:
         return None
-    if not isinstance(name, str):
-        raise http_error(400, "a snapshot name must be 1-200 printable characters")
     try:
         # The name as sent, then what is stored: spaces alone are no name.
-        return check_name(check_name(name).strip())
-    except BadRequest as e:
-        raise http_error(400, e.message) from e
+        return check_snapshot_name(check_snapshot_name(name).strip())
+    except ValueError as e:
+        raise http_error(400, str(e)) from e
 
 
 class SandforkService:
@@ -95,9 +96,9 @@ class SandforkService:
     async def call(self, method: str, path: str, body: Any = None) -> Any:
         """An engine request whose failure becomes an HTTP error with the engine's message."""
         try:
-            return await self.engine.request(method, path, body)
-        except EngineError as e:
-            raise http_error(e.status if e.status < 500 else 502, e.message) from e
+            return await self.engine.request(method, path, json=body)
+        except SandforkError as e:
+            raise _http_error(e) from e
 
     # -- reading -------------------------------------------------------------------------
 
@@ -207,11 +208,12 @@ class SandforkService:
                     f"from JupyterLab); restore it in a notebook with %restore {snapshot_id}",
                 )
             try:
-                raw = await self.engine.fetch_bytes(
-                    f"/snapshots/{snapshot_id}/attachments/{NOTEBOOK}"
+                attachment = await self.engine.fetch(
+                    "GET", f"/snapshots/{snapshot_id}/attachments/{NOTEBOOK}"
                 )
-            except EngineError as e:
-                raise http_error(502, e.message) from e
+            except SandforkError as e:
+                raise http_error(502, str(e)) from e
+            raw = attachment.content
             document = json.loads(raw)
             original = snap["metadata"].get("notebook_path") or "Untitled.ipynb"
             folder = posixpath.dirname(original)
@@ -274,7 +276,7 @@ class SandforkService:
         suffix: str,
         document: dict[str, Any],
         sandbox_id: str,
-        context: str = "default",
+        context: str = DEFAULT_CONTEXT,
     ) -> dict[str, Any]:
         """Write ``document`` under a free name next to ``original`` and open a session on it
         with a kernel attached to ``sandbox_id``; registers the undo steps on ``undo``."""
@@ -300,7 +302,7 @@ class SandforkService:
             await self.sessions.delete_session(session_id)
 
     async def _kill_sandbox(self, sandbox_id: str) -> None:
-        with contextlib.suppress(EngineError):
+        with contextlib.suppress(SandforkError):
             await self.engine.request("DELETE", f"/sandboxes/{sandbox_id}")
 
     @contextlib.asynccontextmanager
@@ -319,12 +321,26 @@ class SandforkService:
         self.operations.finish(op)
 
 
-def _snapshot_entry(snap: dict[str, Any]) -> dict[str, Any]:
-    metadata = snap.get("metadata", {})
-    keep = ("id", "name", "created_at", "size_bytes", "paused_ms", "memory_mb", "sandbox_id")
-    return {k: snap.get(k) for k in keep} | {
-        "parent_id": snap.get("parent_id"),
-        "notebook_path": metadata.get("notebook_path"),
-        "kernel_id": metadata.get("kernel_id"),
-        "has_notebook": NOTEBOOK in snap.get("attachments", []),
+def _http_error(error: SandforkError) -> web.HTTPError:
+    """The engine's failure as this server's answer: its status (502 for a failed or missing
+    engine) and its message."""
+    status = error.status or 502
+    return http_error(status if status < 500 else 502, str(error))
+
+
+def _snapshot_entry(data: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot as the front end shows it: the API's fields it needs, and the notebook."""
+    snap = SnapshotInfo.from_api(data)
+    return {
+        "id": snap.id,
+        "name": snap.name,
+        "created_at": snap.created_at,
+        "size_bytes": snap.size_bytes,
+        "paused_ms": snap.paused_ms,
+        "memory_mb": snap.memory_mb,
+        "sandbox_id": snap.sandbox_id,
+        "parent_id": snap.parent_id,
+        "notebook_path": snap.metadata.get("notebook_path"),
+        "kernel_id": snap.metadata.get("kernel_id"),
+        "has_notebook": NOTEBOOK in snap.attachments,
     }

@@ -13,6 +13,8 @@ from typing import Any
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Float, Int, Unicode, default
 
+from sandfork.client import EngineConnection
+from sandfork.protocol import DEFAULT_CONTEXT
 from sandfork.proxy_kernel.lease import DEFAULT_SECONDS, LEASE_ENV
 from sandfork.proxy_kernel.proxy import Attachment, KernelProxy
 from sandfork.proxy_kernel.state import load_state, state_file
@@ -21,10 +23,12 @@ from sandfork.sdk import Client, Sandbox
 
 class SandforkKernelApp(JupyterApp):
     """``python -m sandfork.proxy_kernel -f {connection_file}``; configurable in
-    ``sandfork_kernel_config.py`` like any Jupyter application."""
+    ``sandfork_kernel_config.py`` like any Jupyter application (the engine as
+    ``c.EngineConnection.engine_url`` and ``api_key``)."""
 
     name = "sandfork-kernel"
     description = "A Jupyter kernel whose cells run in a Sandfork sandbox."
+    classes = [EngineConnection]  # noqa: RUF012 (traitlets' own class attribute)
     aliases = {  # noqa: RUF012 (traitlets' own class attribute)
         "f": "SandforkKernelApp.connection_file",
         "template": "SandforkKernelApp.template",
@@ -56,8 +60,6 @@ class SandforkKernelApp(JupyterApp):
         f"kernel stopped renewing its lease (the kernel died). Default: ${LEASE_ENV}, else "
         f"{DEFAULT_SECONDS:g}; the engine accepts 5 to 3600."
     ).tag(config=True)
-    engine_url = Unicode(help="The engine's URL (default: as the SDK finds it).").tag(config=True)
-    api_key = Unicode(help="The engine's API key (with engine_url).").tag(config=True)
 
     @default("sandbox_id")
     def _sandbox_id_default(self) -> str:
@@ -65,7 +67,7 @@ class SandforkKernelApp(JupyterApp):
 
     @default("context")
     def _context_default(self) -> str:
-        return os.environ.get("SANDFORK_CONTEXT", "default")
+        return os.environ.get("SANDFORK_CONTEXT", DEFAULT_CONTEXT)
 
     @default("lease_seconds")
     def _lease_seconds_default(self) -> float:
@@ -77,7 +79,8 @@ class SandforkKernelApp(JupyterApp):
 
     def attachment(self, state: Path) -> Attachment:
         """The configured sandbox, the one a restarted kernel had, or a new one."""
-        client = Client(self.engine_url or None, self.api_key or None)
+        engine = EngineConnection.of(self, self.log)
+        client = Client(engine.engine_url or None, engine.api_key or None)
         saved = load_state(state)
         if saved is not None:  # a restart: the sandbox this kernel last ran in (%restore moves it)
             sandbox = Sandbox.get(saved["sandbox_id"], client)

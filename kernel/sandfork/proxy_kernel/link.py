@@ -11,10 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
+from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
-from sandfork.sdk import Client
+from sandfork.client import EngineClient
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +83,11 @@ class SandboxLink:
     """The channels of ``context`` in ``sandbox_id``; frames go to ``on_frame``.
 
     Frames are handled as they arrive, in tornado's read loop: no queue, no task per frame.
+    REST calls and the WebSocket go through ``client``, the engine's asynchronous client.
     """
 
     def __init__(
-        self, client: Client, sandbox_id: str, context: str, on_frame: FrameHandler
+        self, client: EngineClient, sandbox_id: str, context: str, on_frame: FrameHandler
     ) -> None:
         self.client = client
         self.sandbox_id = sandbox_id
@@ -101,16 +101,13 @@ class SandboxLink:
         return f"/sandboxes/{self.sandbox_id}/repl/sessions/{self.context}"
 
     async def open(self) -> None:
-        """Connect the channels (raises when the engine refuses or cannot be reached)."""
-        url = self.client.url.replace("http", "ws", 1) + "/v1" + self._path + "/channels"
-        headers = {"Authorization": str(self.client.session.headers["Authorization"])}
+        """Connect the channels; raises the engine's error (``status`` 404: no such sandbox
+        or context, 409: its VM is gone) or ``EngineUnreachable``."""
         self._ws = None
         self.closed.clear()  # before connecting: a close may arrive before this resumes
         try:
-            self._ws = await websocket_connect(
-                HTTPRequest(url, headers=headers),
-                on_message_callback=self._on_message,
-                max_message_size=_MAX_MESSAGE,
+            self._ws = await self.client.websocket(
+                self._path + "/channels", self._on_message, _MAX_MESSAGE
             )
         except BaseException:
             self.closed.set()
@@ -158,11 +155,11 @@ class SandboxLink:
 
     async def interrupt(self) -> None:
         """Interrupt the code running in the context."""
-        await asyncio.to_thread(self.client.request, "POST", self._path + "/interrupt")
+        await self.client.request("POST", self._path + "/interrupt")
 
     async def restart(self) -> None:
         """Restart the context's kernel (same sandbox, fresh interpreter)."""
-        await asyncio.to_thread(self.client.request, "POST", self._path + "/restart")
+        await self.client.request("POST", self._path + "/restart")
 
     def close(self) -> None:
         """Close the channels; the sandbox is left as it is."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sandfork.engine.snapshots import SNAPSHOT_ID
+from sandfork.protocol import MAX_FORKS, is_snapshot_id
 from sandfork.sdk import Sandbox, SandforkError
 
 _MAGIC = re.compile(
@@ -65,7 +65,7 @@ def run(magic: Magic, sandbox: Sandbox, lease_seconds: float | None = None) -> O
             children = sandbox.fork_tree(_count(argument))
             return Outcome("\n".join(child.id for child in children))
         if name == "restore":
-            if not re.fullmatch(SNAPSHOT_ID, argument):
+            if not is_snapshot_id(argument):
                 raise MagicError("usage: %restore SNAPSHOT_ID")
             restored = Sandbox.create(
                 from_snapshot=argument, lease_seconds=lease_seconds, client=sandbox.client
@@ -93,8 +93,8 @@ def describe(sandbox: Sandbox) -> str:
 def _count(argument: str) -> int:
     if not argument:
         return 1
-    if not argument.isdigit() or not 1 <= int(argument) <= 16:
-        raise MagicError("usage: %fork [N], with N from 1 to 16")
+    if not argument.isdigit() or not 1 <= int(argument) <= MAX_FORKS:
+        raise MagicError(f"usage: %fork [N], with N from 1 to {MAX_FORKS}")
     return int(argument)
 
 

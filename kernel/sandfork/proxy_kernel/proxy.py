@@ -23,7 +23,6 @@ from typing import Any, cast
 
 import zmq
 from jupyter_client.session import DELIM
-from tornado.httpclient import HTTPClientError
 
 from sandfork.proxy_kernel import magics
 from sandfork.proxy_kernel.lease import keep_leased, renew
@@ -101,7 +100,9 @@ class KernelProxy:
 
     def _new_link(self) -> SandboxLink:
         sandbox = self.attachment.sandbox
-        return SandboxLink(sandbox.client, sandbox.id, self.attachment.context, self._from_guest)
+        return SandboxLink(
+            sandbox.client.aio, sandbox.id, self.attachment.context, self._from_guest
+        )
 
     # -- running -------------------------------------------------------------------------
 
@@ -297,7 +298,7 @@ class KernelProxy:
         previous.close()
         try:
             await self._link.open()
-        except (HTTPClientError, OSError) as e:  # _keep_linked tries again
+        except SandforkError as e:  # _keep_linked tries again
             log.warning("cannot reach sandbox %s yet: %s", sandbox.id, e)
         self.attachment.save(self.state)
         if old.owned and not old.sandbox.persistent:
@@ -372,13 +373,11 @@ class KernelProxy:
             while link is self._link and not link.connected and loop.time() < deadline:
                 try:
                     await link.open()
-                except HTTPClientError as e:
+                except SandforkError as e:
                     # 404: deleted; 409: its VM died (an engine answers only once it has
                     # adopted its running sandboxes): either way there is nothing to wait for
-                    if e.code in (404, 409):
+                    if e.status in (404, 409):
                         break
-                    await asyncio.sleep(1.0)
-                except OSError as e:
                     log.debug("reconnect failed: %s", e)
                     await asyncio.sleep(1.0)
             if link is self._link and not link.connected:

@@ -1,39 +1,33 @@
-"""Exceptions of the Sandfork SDK."""
+"""Exceptions of the Sandfork SDK: the engine's error kinds (:mod:`sandfork.protocol`) and
+the SDK's own."""
 
 from __future__ import annotations
 
+from sandfork.protocol import (
+    AuthError,
+    BadRequestError,
+    ConflictError,
+    EngineUnreachable,
+    LimitExceeded,
+    NotFoundError,
+    SandboxTimeout,
+    SandforkError,
+    ServerError,
+)
 
-class SandforkError(Exception):
-    """Base of every SDK error."""
-
-
-class AuthError(SandforkError):
-    """The engine refused the API key (401)."""
-
-
-class BadRequestError(SandforkError):
-    """The engine rejected the request (4xx)."""
-
-
-class NotFoundError(SandforkError):
-    """The sandbox, context or file does not exist (404)."""
-
-
-class ConflictError(SandforkError):
-    """The sandbox cannot do this now, e.g. it is dead (409)."""
-
-
-class LimitExceeded(BadRequestError):
-    """The engine is at one of its limits: sandboxes, memory, scratch RAM or snapshot quota
-    (429); the message names it."""
-
-
-class SandboxTimeout(SandforkError):
-    """A command or cell ran past its timeout and was stopped."""
-
-
-class ServerError(SandforkError):
-    """The engine failed (5xx)."""
+__all__ = [
+    "AuthError",
+    "BadRequestError",
+    "CommandFailed",
+    "ConflictError",
+    "EngineUnreachable",
+    "LimitExceeded",
+    "NotFoundError",
+    "ReplayMismatch",
+    "SandboxTimeout",
+    "SandforkError",
+    "ServerError",
+]
 
 
 class CommandFailed(SandforkError):

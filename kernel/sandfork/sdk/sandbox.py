@@ -223,28 +223,26 @@ class Sandbox:
         timeout_seconds: float | None = None,
     ) -> int:
         """Run a command, calling back with output as it arrives; return the exit code."""
-        response = self.client.raw(
+        lines = self.client.lines(
             "POST",
             f"/sandboxes/{self.id}/exec/stream",
             json=_exec_body(cmd, timeout_seconds, None, None),
-            stream=True,
         )
         event = ""
-        with response:
-            for line in response.iter_lines(decode_unicode=True):
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:"):
-                    data = json.loads(line[5:])
-                    if event == "stdout" and on_stdout:
-                        on_stdout(data["chunk"])
-                    elif event == "stderr" and on_stderr:
-                        on_stderr(data["chunk"])
-                    elif event == "exit":
-                        return int(data["exit_code"])
-                    elif event == "error":
-                        error = data["error"]
-                        raise SandboxTimeout(error) if "timeout" in error else SandforkError(error)
+        for line in lines:
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data = json.loads(line[5:])
+                if event == "stdout" and on_stdout:
+                    on_stdout(data["chunk"])
+                elif event == "stderr" and on_stderr:
+                    on_stderr(data["chunk"])
+                elif event == "exit":
+                    return int(data["exit_code"])
+                elif event == "error":
+                    error = data["error"]
+                    raise SandboxTimeout(error) if "timeout" in error else SandforkError(error)
         raise SandforkError("the exec stream ended without an exit code; the outcome is unknown")
 
     def create_code_context(self, isolated: bool = False) -> CodeContext:

@@ -6,38 +6,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandfork.protocol import SnapshotInfo
 from sandfork.sdk.client import Client, default_client
 
 
 @dataclass
-class Snapshot:
-    """An immutable capture of a sandbox; restore it with ``Sandbox.create(from_snapshot=id)``."""
+class Snapshot(SnapshotInfo):
+    """An immutable capture of a sandbox; restore it with ``Sandbox.create(from_snapshot=id)``.
 
-    id: str
-    name: str | None
-    created_at: str
-    sandbox_id: str
-    template: str
-    parent_id: str | None
-    size_bytes: int
-    paused_ms: int
-    contexts: list[str]
+    Its fields are the API's (:class:`sandfork.protocol.SnapshotInfo`).
+    """
+
     client: Client = field(default_factory=default_client, repr=False, compare=False)
 
     @classmethod
     def _from_api(cls, data: dict[str, Any], client: Client) -> Snapshot:
-        return cls(
-            id=data["id"],
-            name=data.get("name"),
-            created_at=data["created_at"],
-            sandbox_id=data["sandbox_id"],
-            template=data["template"],
-            parent_id=data.get("parent_id"),
-            size_bytes=int(data["size_bytes"]),
-            paused_ms=int(data.get("paused_ms", 0)),
-            contexts=list(data.get("contexts", [])),
-            client=client,
-        )
+        return cls(**cls.api_fields(data), client=client)
 
     @classmethod
     def list(cls, sandbox_id: str | None = None, client: Client | None = None) -> list[Snapshot]:
@@ -60,10 +44,7 @@ class Snapshot:
 
     def export(self, path: str | Path) -> None:
         """Write the snapshot to one file that ``Snapshot.import_file`` takes elsewhere."""
-        response = self.client.raw("GET", f"/snapshots/{self.id}/export", stream=True)
-        with response, Path(path).open("wb") as f:
-            for chunk in response.iter_content(1 << 20):
-                f.write(chunk)
+        self.client.download(f"/snapshots/{self.id}/export", path)
 
     @classmethod
     def import_file(cls, path: str | Path, client: Client | None = None) -> Snapshot:

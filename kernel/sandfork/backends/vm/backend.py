@@ -7,8 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from sandfork.backends.vm.accel import Accelerator, detect_accelerator
+from sandfork.backends.vm.images import Qcow2Images
 from sandfork.backends.vm.machine import Machine, kill_process, qemu_processes, release
-from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, create_overlay
+from sandfork.backends.vm.qemu import (
+    MACHINE_REVISION,
+    VM_FILE_SUFFIXES,
+    Network,
+    VmLayout,
+    VmSpec,
+    qemu_version,
+)
 from sandfork.templates import BuiltTemplate
 
 
@@ -46,9 +54,15 @@ class VmBackend:
             accel=self.accel,
         ).to_dict()
 
+    images = Qcow2Images()
+
+    def machine_key(self) -> str:
+        """The QEMU build and the revision of our VM's devices: saved states need both."""
+        return f"{qemu_version()} / machine revision {MACHINE_REVISION}"
+
     def new_disk(self, base: Path, disk: Path) -> None:
         """Create ``disk`` as a copy-on-write overlay of ``base``."""
-        create_overlay(base, disk)
+        self.images.create_overlay(base, disk)
 
     async def create(
         self,

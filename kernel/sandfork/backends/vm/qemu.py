@@ -158,15 +158,6 @@ def qemu_binary() -> str:
     return path
 
 
-def create_overlay(base: Path, overlay: Path) -> None:
-    """Make a copy-on-write qcow2 overlay of ``base``."""
-    subprocess.run(
-        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(base), str(overlay)],
-        check=True,
-        capture_output=True,
-    )
-
-
 def command_line(spec: VmSpec, layout: VmLayout, network: Network) -> list[str]:
     """The full QEMU command line for ``spec`` with its files in ``layout``."""
     firmware = ["-bios", str(_QBOOT)] if _QBOOT.exists() else []

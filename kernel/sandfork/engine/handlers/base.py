@@ -18,10 +18,19 @@ from tornado import httputil, web
 
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.errors import ApiError, BadRequest, TooLarge
+from sandfork.engine.execution import ExecutionService
 from sandfork.engine.handlers.validate import check_depth, field, timeout_field
-from sandfork.engine.manager import SandboxManager
+from sandfork.engine.sandboxes import SandboxService
+from sandfork.engine.snapshotting import SnapshotService
 
-__all__ = ["API_KEY_REQUIRED", "ApiHandler", "field", "has_api_key", "timeout_field"]
+__all__ = [
+    "API_KEY_REQUIRED",
+    "ApiHandler",
+    "EngineAccess",
+    "field",
+    "has_api_key",
+    "timeout_field",
+]
 
 API_KEY_REQUIRED = "missing or wrong API key (send Authorization: Bearer <key>)"
 
@@ -42,8 +51,29 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+class EngineAccess:
+    """The engine's services, as every handler (HTTP or WebSocket) reaches them."""
+
+    settings: dict[str, Any]
+
+    @property
+    def sandboxes(self) -> SandboxService:
+        """Create, restore, lease and kill sandboxes."""
+        return self.settings["services"].sandboxes  # type: ignore[no-any-return]
+
+    @property
+    def execution(self) -> ExecutionService:
+        """Commands, files and code contexts inside a sandbox."""
+        return self.settings["services"].execution  # type: ignore[no-any-return]
+
+    @property
+    def snapshots(self) -> SnapshotService:
+        """Snapshots, forks, checkpoints, export and import."""
+        return self.settings["services"].snapshots  # type: ignore[no-any-return]
+
+
 @web.stream_request_body
-class ApiHandler(web.RequestHandler):
+class ApiHandler(EngineAccess, web.RequestHandler):
     """Base of every ``/v1`` handler; no endpoint is served without the API key.
 
     A request from loopback is not trusted either: a guest reaches the host's loopback
@@ -54,10 +84,6 @@ class ApiHandler(web.RequestHandler):
     _body_size = 0
     _body_limit = 0
     _body_refusal: str | None = None
-
-    @property
-    def manager(self) -> SandboxManager:
-        return self.settings["manager"]  # type: ignore[no-any-return]
 
     @property
     def config(self) -> EngineConfig:

@@ -35,22 +35,20 @@ class FileHandler(_FsHandler):
         length = int_argument(
             self.get_query_argument("length", None), "length", 0, self.config.max_file_bytes
         )
-        data = await self.manager.read_file(sandbox_id, path, offset or 0, length)
+        data = await self.execution.read_file(sandbox_id, path, offset or 0, length)
         self.set_header("Content-Type", "application/octet-stream")
         self.finish(data)
 
     async def put(self, sandbox_id: str) -> None:
         path = self.path_arg()
-        result = await self.manager.write_file(sandbox_id, path, self.body_bytes())
+        result = await self.execution.write_file(sandbox_id, path, self.body_bytes())
         self.write_json(result)
 
     async def delete(self, sandbox_id: str) -> None:
         recursive = self.get_query_argument("recursive", "false")
         if recursive not in ("true", "false"):
             raise BadRequest("query parameter 'recursive' must be 'true' or 'false'")
-        await self.manager.call(
-            sandbox_id, "fs.delete", {"path": self.path_arg(), "recursive": recursive == "true"}
-        )
+        await self.execution.delete_path(sandbox_id, self.path_arg(), recursive == "true")
         self.set_status(204)
         self.finish()
 
@@ -59,11 +57,11 @@ class DirHandler(_FsHandler):
     """``GET`` lists a directory."""
 
     async def get(self, sandbox_id: str) -> None:
-        self.write_json(await self.manager.call(sandbox_id, "fs.list", {"path": self.path_arg()}))
+        self.write_json(await self.execution.list_dir(sandbox_id, self.path_arg()))
 
 
 class StatHandler(_FsHandler):
     """``GET`` describes one path."""
 
     async def get(self, sandbox_id: str) -> None:
-        self.write_json(await self.manager.call(sandbox_id, "fs.stat", {"path": self.path_arg()}))
+        self.write_json(await self.execution.stat(sandbox_id, self.path_arg()))

@@ -26,8 +26,8 @@ class LeaseHandler(ApiHandler):
     sandbox has one already (the same period again)."""
 
     async def post(self, sandbox_id: str) -> None:
-        record = self.manager.lease(sandbox_id, lease_field(self.json_body()))
-        remaining = self.manager.leases.remaining(sandbox_id)
+        record = self.sandboxes.lease(sandbox_id, lease_field(self.json_body()))
+        remaining = self.sandboxes.lease_remaining(sandbox_id)
         self.write_json(
             {"id": record.id, "lease_seconds": record.lease_seconds, "expires_in": remaining}
         )

@@ -6,14 +6,12 @@ from sandfork.engine.errors import BadRequest
 from sandfork.engine.handlers.base import ApiHandler
 from sandfork.engine.handlers.validate import field, text_field, timeout_field
 
-DEFAULT_CONTEXT = "default"
-
 
 class SessionsHandler(ApiHandler):
     """``POST`` returns the default context (or a new isolated one); ``GET`` lists them."""
 
     async def get(self, sandbox_id: str) -> None:
-        self.write_json(await self.manager.call(sandbox_id, "ctx.list"))
+        self.write_json(await self.execution.contexts(sandbox_id))
 
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
@@ -21,15 +19,14 @@ class SessionsHandler(ApiHandler):
         if language.lower() not in ("python", "python3", "py"):
             raise BadRequest(f"unsupported language {language!r}: code contexts run Python")
         isolated = field(body, "isolated", bool, False)
-        self.write_json(await self.manager.create_context(sandbox_id, isolated), 201)
+        self.write_json(await self.execution.create_context(sandbox_id, isolated), 201)
 
 
 class SessionHandler(ApiHandler):
     """``DELETE`` shuts an isolated context down; the default context just stays."""
 
     async def delete(self, sandbox_id: str, context: str) -> None:
-        if context != DEFAULT_CONTEXT:
-            await self.manager.call(sandbox_id, "ctx.shutdown", {"context": context})
+        await self.execution.close_context(sandbox_id, context)
         self.set_status(204)
         self.finish()
 
@@ -43,9 +40,8 @@ class RunHandler(ApiHandler):
         if code is None:
             raise BadRequest("field 'code' is required")
         timeout = timeout_field(body, "timeout_seconds", millis="timeout_ms")
-        call = self.manager.run_code(sandbox_id, context, code, timeout)
         request = {**body, "context": context}
-        self.write_json(await self.manager.ledgered(sandbox_id, "run_code", request, call))
+        self.write_json(await self.execution.run_code(sandbox_id, context, code, timeout, request))
 
 
 class InterruptHandler(ApiHandler):
@@ -53,7 +49,7 @@ class InterruptHandler(ApiHandler):
 
     async def post(self, sandbox_id: str, context: str) -> None:
         self.json_body()  # takes none, but a bad or oversized one is refused
-        await self.manager.call(sandbox_id, "ctx.interrupt", {"context": context})
+        await self.execution.interrupt(sandbox_id, context)
         self.set_status(204)
         self.finish()
 
@@ -63,6 +59,6 @@ class RestartHandler(ApiHandler):
 
     async def post(self, sandbox_id: str, context: str) -> None:
         self.json_body()  # takes none, but a bad or oversized one is refused
-        await self.manager.call(sandbox_id, "ctx.restart", {"context": context})
+        await self.execution.restart(sandbox_id, context)
         self.set_status(204)
         self.finish()

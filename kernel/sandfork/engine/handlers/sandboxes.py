@@ -12,7 +12,7 @@ class SandboxesHandler(ApiHandler):
     """``GET`` lists sandboxes; ``POST`` creates one."""
 
     async def get(self) -> None:
-        self.write_json({"items": [r.to_api() for r in self.manager.list()]})
+        self.write_json({"items": [r.to_api() for r in self.sandboxes.all()]})
 
     async def post(self) -> None:
         body = self.json_body()
@@ -36,14 +36,14 @@ class SandboxesHandler(ApiHandler):
             )
         from_snapshot = text_field(body, "from_snapshot", 64)
         if from_snapshot is not None:
-            record = await self.manager.create_from_snapshot(
+            record = await self.sandboxes.create_from_snapshot(
                 from_snapshot, metadata=metadata, persistent=persistent, host_access=host_access
             )
             if lease is not None:
-                self.manager.lease(record.id, lease)
+                self.sandboxes.lease(record.id, lease)
             self.write_json(record.to_api(), 201)
             return
-        record = await self.manager.create(
+        record = await self.sandboxes.create(
             template,
             memory_mb=memory_mb,
             cpus=cpus,
@@ -52,7 +52,7 @@ class SandboxesHandler(ApiHandler):
             host_access=host_access,
         )
         if lease is not None:
-            self.manager.lease(record.id, lease)
+            self.sandboxes.lease(record.id, lease)
         self.write_json(record.to_api(), 201)
 
 
@@ -60,9 +60,9 @@ class SandboxHandler(ApiHandler):
     """``GET`` one sandbox; ``DELETE`` kills it."""
 
     async def get(self, sandbox_id: str) -> None:
-        self.write_json(self.manager.get(sandbox_id).to_api())
+        self.write_json(self.sandboxes.get(sandbox_id).to_api())
 
     async def delete(self, sandbox_id: str) -> None:
-        await self.manager.kill(sandbox_id)
+        await self.sandboxes.kill(sandbox_id)
         self.set_status(204)
         self.finish()

@@ -14,8 +14,8 @@ from sandfork.engine.errors import BadRequest
 from sandfork.engine.handlers.base import ApiHandler, field
 from sandfork.engine.handlers.validate import metadata_field, text_field
 from sandfork.engine.snapshots import MAX_ATTACHMENT_BYTES, check_attachment_name, check_name
+from sandfork.protocol import MAX_FORKS
 
-MAX_FORKS = 16
 MAX_IMPORT_BYTES = 64 * 2**30
 
 
@@ -45,7 +45,7 @@ class SandboxSnapshotsHandler(ApiHandler):
 
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
-        snap = await self.manager.snapshot(
+        snap = await self.snapshots.snapshot(
             sandbox_id,
             name_field(body),
             metadata=metadata_field(body, self.config),
@@ -54,8 +54,8 @@ class SandboxSnapshotsHandler(ApiHandler):
         self.write_json(snap.to_api(), 201)
 
     async def get(self, sandbox_id: str) -> None:
-        self.manager.get(sandbox_id)
-        snaps = self.manager.snapshots.visible(sandbox_id)
+        self.sandboxes.get(sandbox_id)
+        snaps = self.snapshots.visible(sandbox_id)
         self.write_json({"snapshots": [s.to_api() for s in snaps]})
 
 
@@ -64,7 +64,7 @@ class ForkHandler(ApiHandler):
 
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
-        children = await self.manager.fork(
+        children = await self.snapshots.fork(
             sandbox_id,
             1,
             metadata=metadata_field(body, self.config),
@@ -81,7 +81,7 @@ class ForkTreeHandler(ApiHandler):
         count = field(body, "count", int)
         if count is None or not 1 <= count <= MAX_FORKS:
             raise BadRequest(f"count must be an integer from 1 to {MAX_FORKS}")
-        children = await self.manager.fork(
+        children = await self.snapshots.fork(
             sandbox_id,
             count,
             metadata=metadata_field(body, self.config),
@@ -95,7 +95,7 @@ class SnapshotsHandler(ApiHandler):
 
     async def get(self) -> None:
         sandbox_id = self.get_query_argument("sandbox_id", None)
-        snaps = self.manager.snapshots.visible(sandbox_id)
+        snaps = self.snapshots.visible(sandbox_id)
         self.write_json({"snapshots": [s.to_api() for s in snaps]})
 
 
@@ -103,16 +103,16 @@ class SnapshotHandler(ApiHandler):
     """``GET`` one snapshot, ``PATCH {"name"}`` renames it, ``DELETE`` deletes it."""
 
     async def get(self, snapshot_id: str) -> None:
-        self.write_json(self.manager.snapshots.get(snapshot_id).to_api())
+        self.write_json(self.snapshots.get(snapshot_id).to_api())
 
     async def patch(self, snapshot_id: str) -> None:
         name = name_field(self.json_body())
         if name is None:
             raise BadRequest("field 'name' is required")
-        self.write_json(self.manager.snapshots.rename(snapshot_id, name).to_api())
+        self.write_json(self.snapshots.rename(snapshot_id, name).to_api())
 
     async def delete(self, snapshot_id: str) -> None:
-        self.manager.delete_snapshot(snapshot_id)
+        self.snapshots.delete(snapshot_id)
         self.set_status(204)
         self.finish()
 
@@ -121,7 +121,7 @@ class AttachmentHandler(ApiHandler):
     """``GET``: a file stored with the snapshot (e.g. ``notebook.ipynb``)."""
 
     async def get(self, snapshot_id: str, name: str) -> None:
-        data = self.manager.snapshots.attachment(snapshot_id, name).read_bytes()
+        data = self.snapshots.attachment(snapshot_id, name)
         self.set_header("Content-Type", "application/octet-stream")
         self.finish(data)
 
@@ -130,7 +130,7 @@ class CheckpointsHandler(ApiHandler):
     """``POST {"name"?}``: snapshot and mark a checkpoint in the sandbox's ledger."""
 
     async def post(self, sandbox_id: str) -> None:
-        event = await self.manager.checkpoint(sandbox_id, name_field(self.json_body()))
+        event = await self.snapshots.checkpoint(sandbox_id, name_field(self.json_body()))
         self.write_json(event, 201)
 
 
@@ -139,7 +139,7 @@ class ResumeHandler(ApiHandler):
     calls before it for the client's replay cache. Works for killed sandboxes too."""
 
     async def post(self, sandbox_id: str) -> None:
-        record, replay = await self.manager.resume(sandbox_id, name_field(self.json_body()))
+        record, replay = await self.snapshots.resume(sandbox_id, name_field(self.json_body()))
         self.write_json({"sandbox": record.to_api(), "replay": replay}, 201)
 
 
@@ -147,17 +147,17 @@ class LedgerHandler(ApiHandler):
     """``GET``: the sandbox's calls and checkpoint events, in order."""
 
     async def get(self, sandbox_id: str) -> None:
-        self.write_json({"events": self.manager.ledger.events(sandbox_id)})
+        self.write_json({"events": self.execution.ledger_events(sandbox_id)})
 
 
 class ExportHandler(ApiHandler):
     """``GET``: the snapshot as one portable file (zstd tar with a checksummed manifest)."""
 
     async def get(self, snapshot_id: str) -> None:
-        self.manager.snapshots.get(snapshot_id)
-        with tempfile.TemporaryDirectory(prefix="export-", dir=self.manager.tmp_dir) as tmp:
+        self.snapshots.get(snapshot_id)
+        with tempfile.TemporaryDirectory(prefix="export-", dir=self.snapshots.tmp_dir) as tmp:
             out = Path(tmp) / f"{snapshot_id}.sfsnap"
-            await self.manager.export_snapshot(snapshot_id, out)
+            await self.snapshots.export_snapshot(snapshot_id, out)
             self.set_header("Content-Type", "application/octet-stream")
             self.set_header("Content-Length", str(out.stat().st_size))
             with out.open("rb") as f:
@@ -178,7 +178,7 @@ class ImportHandler(ApiHandler):
         super().prepare()
         if isinstance(self.request.connection, HTTP1Connection):
             self.request.connection.set_max_body_size(MAX_IMPORT_BYTES)
-        self._tmp = tempfile.TemporaryDirectory(prefix="upload-", dir=self.manager.tmp_dir)
+        self._tmp = tempfile.TemporaryDirectory(prefix="upload-", dir=self.snapshots.tmp_dir)
         self._file = (Path(self._tmp.name) / "import.sfsnap").open("wb")
 
     def data_received(self, chunk: bytes) -> None:
@@ -187,7 +187,7 @@ class ImportHandler(ApiHandler):
     async def post(self) -> None:
         self._file.close()
         try:
-            snap = await self.manager.import_snapshot(
+            snap = await self.snapshots.import_snapshot(
                 Path(self._file.name), exchange.ImportLimits.of(self.config)
             )
         finally:

@@ -29,12 +29,12 @@ class HealthHandler(ApiHandler):
     """``GET``: the engine is up; with the accelerator and sandbox count."""
 
     async def get(self) -> None:
-        backend = self.manager.backend
+        backend = self.sandboxes.backend
         self.write_json(
             {
                 "status": "ok",
                 "backend": backend.name,
                 "accelerator": backend.accelerator,
-                "sandboxes": len(self.manager.list()),
+                "sandboxes": len(self.sandboxes.all()),
             }
         )

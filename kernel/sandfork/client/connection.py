@@ -1,4 +1,7 @@
-"""Finding the engine: the environment, or the local engine (started on demand)."""
+"""Finding the engine: the environment, or the local engine (started on demand).
+
+These run synchronously (the async client calls :func:`resolve` in a thread).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from sandfork.paths import runtime_dir
-from sandfork.sdk.errors import SandforkError
+from sandfork.protocol import EngineUnreachable
 
 
 @dataclass(frozen=True)
@@ -63,25 +66,26 @@ def start_local_engine(timeout: float = 30.0) -> Connection:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
-            raise SandforkError("the local engine failed to start: " + " | ".join(tail))
+            raise EngineUnreachable("the local engine failed to start: " + " | ".join(tail))
         conn = local_engine(runtime)
         if conn is not None and is_healthy(conn):
             return conn
         time.sleep(0.1)
-    raise SandforkError(f"the local engine did not start within {timeout:.0f} s; see {log_path}")
+    raise EngineUnreachable(
+        f"the local engine did not start within {timeout:.0f} s; see {log_path}"
+    )
 
 
 def is_healthy(conn: Connection) -> bool:
     """True when the engine answers its health endpoint with this key."""
+    request = urllib.request.Request(
+        f"{conn.url}/v1/health", headers={"Authorization": f"Bearer {conn.api_key}"}
+    )
     try:
-        response = requests.get(
-            f"{conn.url}/v1/health",
-            headers={"Authorization": f"Bearer {conn.api_key}"},
-            timeout=2,
-        )
-    except requests.RequestException:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return int(response.status) == 200
+    except (OSError, ValueError):  # URLError and HTTPError are OSErrors
         return False
-    return response.status_code == 200
 
 
 def resolve(auto_start: bool = True) -> Connection:
@@ -90,7 +94,7 @@ def resolve(auto_start: bool = True) -> Connection:
     if conn is not None:
         return conn
     if not auto_start:
-        raise SandforkError("no engine configured and no local engine running (sandfork serve)")
+        raise EngineUnreachable("no engine configured and no local engine running (sandfork serve)")
     return start_local_engine()
 
 

@@ -1,0 +1,203 @@
+"""``run_code``: one execute request to a code context, its outputs gathered into a result.
+
+The guest agent only relays Jupyter messages; this module builds the execute request and
+turns the replies into the API's shape: ``results`` (one ``{type, data}`` per MIME type of
+each ``execute_result``/``display_data``), ``stdout``, ``stderr`` and ``error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.session import Session
+
+from sandfork.backends.channel import (
+    DEFAULT_AGENT_TIMEOUT,
+    AgentChannel,
+    AgentError,
+    AgentTimeout,
+)
+from sandfork.engine.errors import NotFound, Timeout
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_INTERRUPT_GRACE = 10.0  # seconds an interrupted cell gets to wind down
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut ``text`` to ``limit`` bytes of UTF-8, ending with a marker saying how much went."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode(errors="ignore")
+    return f"{kept}\n[sandfork: output truncated, {len(data) - limit} bytes omitted]\n"
+
+
+@dataclass
+class _Run:
+    context: str
+    max_output: int
+    started: float = field(default_factory=time.monotonic)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    execution_count: int | None = None
+    replied: bool = False
+    idle: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    died: str | None = None
+
+    def add(self, channel: str, msg: dict[str, Any]) -> None:
+        kind = msg.get("header", {}).get("msg_type")
+        content = msg.get("content", {})
+        if channel == "shell" and kind == "execute_reply":
+            self.replied = True
+            self.execution_count = content.get("execution_count")
+            if content.get("status") == "aborted" and self.error is None:
+                self.error = {
+                    "name": "Aborted",
+                    "value": "the kernel skipped this code because an earlier run failed",
+                    "traceback": [],
+                }
+        elif kind == "status" and content.get("execution_state") == "idle":
+            self.idle = True
+        elif kind == "stream":
+            (self.stdout if content.get("name") == "stdout" else self.stderr).append(
+                content.get("text", "")
+            )
+        elif kind in ("execute_result", "display_data"):
+            for mime, value in (content.get("data") or {}).items():
+                data = value if isinstance(value, str) else json.dumps(value)
+                self.results.append(
+                    {"type": mime, "data": data, "is_main_result": kind == "execute_result"}
+                )
+        elif kind == "error":
+            self.error = {
+                "name": content.get("ename", ""),
+                "value": content.get("evalue", ""),
+                "traceback": [_ANSI.sub("", line) for line in content.get("traceback", [])],
+            }
+        elif kind == "clear_output":
+            self.results.clear()
+            self.stdout.clear()
+            self.stderr.clear()
+        if self.replied and self.idle:
+            self.done.set()
+
+    def kernel_died(self, reason: str) -> None:
+        self.died = reason
+        self.done.set()
+
+    def to_api(self) -> dict[str, Any]:
+        error = self.error
+        if self.died is not None:
+            error = {
+                "name": "KernelDied",
+                "value": f"the code context's kernel died: {self.died}; it restarts on next use",
+                "traceback": [],
+            }
+        return {
+            "results": self.results,
+            "stdout": truncate("".join(self.stdout), self.max_output),
+            "stderr": truncate("".join(self.stderr), self.max_output),
+            "error": error,
+            "exit_code": 1 if error else 0,
+            "execution_count": self.execution_count,
+            "duration_ms": int((time.monotonic() - self.started) * 1000),
+        }
+
+
+class CodeRunner:
+    """Runs code in the code contexts of one sandbox."""
+
+    def __init__(self, agent: AgentChannel) -> None:
+        self._agent = agent
+        self._session = Session(username="sandfork")
+        self._runs: dict[str, _Run] = {}
+        agent.add_listener(self._on_event)
+
+    def _on_event(self, frame: dict[str, Any]) -> None:
+        if frame.get("event") == "kernel":
+            msg = frame.get("msg") or {}
+            run = self._runs.get((msg.get("parent_header") or {}).get("msg_id", ""))
+            if run is not None:
+                run.add(str(frame.get("channel")), msg)
+        elif frame.get("event") == "context_status" and frame.get("status") == "dead":
+            for run in self._runs.values():
+                if run.context == frame.get("context"):
+                    run.kernel_died(str(frame.get("reason", "unknown reason")))
+
+    async def run(
+        self,
+        context: str,
+        code: str,
+        timeout: float,
+        max_output: int,
+        *,
+        margin: float = DEFAULT_AGENT_TIMEOUT,
+        silent: bool = False,
+    ) -> dict[str, Any]:
+        """Execute ``code`` in ``context`` and return the API result.
+
+        Past ``timeout`` the code is interrupted (:class:`Timeout`). The whole call, the
+        request to the agent and the interrupt included, ends within ``timeout + margin``:
+        past that the agent is not answering (:class:`AgentTimeout`), e.g. a guest
+        starved by a fork bomb. ``silent`` code leaves no trace in the kernel's history or
+        execution count.
+        """
+        try:
+            async with asyncio.timeout(timeout + margin):
+                return await self._run(context, code, timeout, max_output, silent, margin)
+        except TimeoutError as e:
+            if isinstance(e, AgentTimeout):
+                raise
+            raise AgentTimeout("ctx.send", timeout + margin) from None
+
+    async def _run(
+        self, context: str, code: str, timeout: float, max_output: int, silent: bool, margin: float
+    ) -> dict[str, Any]:
+        wait = timeout + margin  # each request's own deadline; run() bounds them together
+        msg = self._session.msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": silent,
+                "store_history": not silent,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+        )
+        msg_id = msg["header"]["msg_id"]
+        run = self._runs[msg_id] = _Run(context, max_output)
+        try:
+            try:
+                await self._agent.request(
+                    "ctx.send",
+                    {"context": context, "channel": "shell", "msg": msg},
+                    wait=wait,
+                )
+            except AgentError as e:
+                if e.type == "NotFound":
+                    raise NotFound(f"no code context {context!r} in this sandbox") from e
+                raise
+            try:
+                await asyncio.wait_for(run.done.wait(), timeout)
+            except TimeoutError:
+                await self._agent.request("ctx.interrupt", {"context": context}, wait=wait)
+                # Let the interrupted cell finish, so the next run does not land in the
+                # window where the kernel aborts requests queued behind an error.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(run.done.wait(), _INTERRUPT_GRACE)
+                raise Timeout(
+                    f"timeout: the code ran past {timeout:g} s and was interrupted"
+                ) from None
+            return run.to_api()
+        finally:
+            del self._runs[msg_id]

@@ -1,0 +1,407 @@
+"""Sandboxes: create, restore, adopt after a restart, watch, lease and kill.
+
+One job: the life of each sandbox's VM and of its record. What runs inside a sandbox is
+:mod:`sandfork.engine.execution`; snapshots and forks are :mod:`sandfork.engine.snapshotting`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandfork.backends.base import Backend, Instance
+from sandfork.crashpoints import crash_point
+from sandfork.engine.boot_captures import BootCaptures, Capture
+from sandfork.engine.code_runner import CodeRunner
+from sandfork.engine.db import Database, SandboxRecord
+from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
+from sandfork.engine.leases import Leases
+from sandfork.engine.ledger import now
+from sandfork.engine.limits import Limits
+from sandfork.engine.snapshots import SnapshotStore, stored_bytes
+from sandfork.protocol import new_sandbox_id
+from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, load_spec
+
+log = logging.getLogger(__name__)
+
+_WATCH_TICK = 1.0  # seconds between two checks of the VMs and the leases
+FORK_PARENT = "fork_parent_id"  # metadata of a fork child: the sandbox it was forked from
+PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
+
+
+@dataclass
+class Live:
+    """A running sandbox: its record, its backend instance and its code runner."""
+
+    record: SandboxRecord
+    instance: Instance
+    runner: CodeRunner
+
+
+async def _after_resume(instance: Instance) -> None:
+    """A resumed guest still has the clock and entropy of its capture: refresh both."""
+    await instance.agent.request("sys.set_time", {"epoch_ns": time.time_ns()})
+    entropy = base64.b64encode(os.urandom(64)).decode()
+    await instance.agent.request("sys.reseed", {"entropy": entropy})
+
+
+class SandboxService:
+    """Owns every sandbox of one engine: its record, its VM and its lease."""
+
+    def __init__(
+        self,
+        db: Database,
+        backend: Backend,
+        home: Path,
+        store: SnapshotStore,
+        boot_captures: BootCaptures | None,
+        limits: Limits,
+    ) -> None:
+        self.db = db
+        self.backend = backend
+        self.store = store
+        self.boot_captures = boot_captures
+        self.limits = limits
+        self.sandboxes_dir = home / "sandboxes"
+        self._records: dict[str, SandboxRecord] = {r.id: r for r in db.all()}
+        self._live: dict[str, Live] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._template_locks: dict[str, asyncio.Lock] = {}
+        self._watch_task: asyncio.Task[None] | None = None
+        self.leases = Leases(tick=_WATCH_TICK)
+
+    async def start(self) -> None:
+        """Adopt the sandboxes an earlier engine left running, then watch them.
+
+        Nothing is collected before every adopted VM's real disk chain has been read from
+        QEMU; VMs, RAM files and directories that no adopted sandbox owns (an engine killed
+        while a sandbox was starting) are removed.
+        """
+        for record in list(self._records.values()):
+            if record.status == "starting":
+                # Its creator never got an answer: the half-started VM goes (sweep below).
+                log.warning("dropping sandbox %s: the engine stopped while it started", record.id)
+                self._records.pop(record.id)
+                self.db.delete(record.id)
+            elif record.status == "running" and record.pid is not None:
+                await self._adopt(record, record.pid)
+        swept = await asyncio.to_thread(self.backend.sweep, self.sandboxes_dir, set(self._live))
+        for line in swept:
+            log.warning("removed what an interrupted operation left: %s", line)
+        self.store.collect(self.all())
+        await asyncio.to_thread(self.store.drain)  # a clean slate before serving
+        for record in self._records.values():  # a fresh, full period for every lease
+            if record.lease_seconds is not None:
+                self.leases.hold(record.id, record.lease_seconds)
+        self._watch_task = asyncio.create_task(self._watch())
+
+    async def _adopt(self, record: SandboxRecord, pid: int) -> None:
+        try:
+            instance = await self.backend.adopt(Path(record.dir), Path(record.disk), pid)
+            chain = await instance.disk_chain()
+        except Exception as e:
+            self._mark_dead(record, f"its VM was gone when the engine restarted ({e})")
+            await asyncio.to_thread(self.backend.release, Path(record.dir))
+            return
+        self.store.adopt_chain(chain)
+        if record.disk != str(chain[0]):
+            log.warning("sandbox %s writes to %s, not %s: fixed", record.id, chain[0], record.disk)
+            record.disk = str(chain[0])
+            self.db.put(record)
+        self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
+        log.info("adopted sandbox %s (pid %s)", record.id, record.pid)
+
+    async def stop(self) -> None:
+        """Detach from every sandbox; the VMs keep running for the next engine."""
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        for live in self._live.values():
+            await live.instance.agent.close()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(_WATCH_TICK)
+            for live in list(self._live.values()):
+                if not live.instance.is_alive():
+                    self._mark_dead(live.record, live.instance.failure_reason() or "its VM exited")
+                    self._live.pop(live.record.id, None)
+                    await live.instance.destroy()
+            for sandbox_id in self.leases.expired():
+                log.warning("sandbox %s: its lease ran out; killing it", sandbox_id)
+                try:
+                    await self.kill(sandbox_id)
+                except Exception:
+                    log.exception("killing sandbox %s failed", sandbox_id)
+
+    def _mark_dead(self, record: SandboxRecord, reason: str) -> None:
+        log.warning("sandbox %s is dead: %s", record.id, reason)
+        record.status = "dead"
+        record.error = reason
+        self.db.put(record)
+
+    async def template(self, name: str) -> BuiltTemplate:
+        """The built template ``name``, building it first if needed."""
+        try:
+            spec = load_spec(name)
+        except TemplateError as e:
+            raise BadRequest(str(e)) from e
+        lock = self._template_locks.setdefault(spec.name, asyncio.Lock())
+        async with lock:
+            return await asyncio.to_thread(ensure_template, spec, progress=False)
+
+    async def create(
+        self,
+        template: str,
+        *,
+        memory_mb: int | None,
+        cpus: int | None,
+        metadata: dict[str, str],
+        persistent: bool,
+        host_access: bool = False,
+    ) -> SandboxRecord:
+        """Create a sandbox from a template; returns once its agent answers.
+
+        The template's pre-booted snapshot (booted once, default kernel idle) is restored
+        when it exists, so only the first sandbox of a template pays for a cold boot.
+        Its network reaches only the egress proxy unless ``host_access``.
+        """
+        built = await self.template(template)
+        memory_mb = memory_mb or built.spec.memory_mb
+        cpus = cpus or built.spec.cpus
+        spec = self.backend.spec(built, memory_mb, cpus)
+        self.check_room(1, memory_mb, 0)
+        if self.boot_captures is not None:
+            return await self.boot_captures.start(
+                built,
+                spec,
+                self._boot_and_capture,
+                lambda capture: self._start(
+                    built.name,
+                    capture,
+                    metadata=metadata,
+                    persistent=persistent,
+                    boot_mode="template",
+                    host_access=host_access,
+                ),
+            )
+        disk = self.store.new_layer(built.rootfs)
+        await asyncio.to_thread(self.backend.new_disk, built.rootfs, disk)
+        return await self._start(
+            built.name,
+            Capture(None, spec, disk),
+            metadata=metadata,
+            persistent=persistent,
+            host_access=host_access,
+        )
+
+    async def create_from_snapshot(
+        self,
+        snapshot_id: str,
+        *,
+        metadata: dict[str, str],
+        persistent: bool,
+        host_access: bool = False,
+    ) -> SandboxRecord:
+        """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
+        with self.store.in_use(snapshot_id) as snap:
+            capture = Capture(self.store.path(snap.id), snap.vm, Path(snap.disk))
+            self.check_room(1, snap.vm["memory_mb"], stored_bytes(capture.dir))
+            record = await self._start(
+                snap.template,
+                capture,
+                metadata=metadata,
+                persistent=persistent,
+                boot_mode="snapshot",
+                host_access=host_access,
+            )
+        record.from_snapshot = snap.id
+        self.db.put(record)
+        return record
+
+    async def _start(
+        self,
+        template: str,
+        capture: Capture,
+        *,
+        metadata: dict[str, str],
+        persistent: bool,
+        boot_mode: str = "cold",
+        host_access: bool = False,
+    ) -> SandboxRecord:
+        """Start a sandbox: boot ``capture.spec`` or resume ``capture``'s snapshot."""
+        sandbox_id = new_sandbox_id()
+        directory = self.sandboxes_dir / sandbox_id
+        disk = capture.disk if capture.dir is None else self.store.new_layer(capture.disk)
+        record = SandboxRecord(
+            id=sandbox_id,
+            template=template,
+            status="starting",
+            cpus=capture.spec["cpus"],
+            memory_mb=capture.spec["memory_mb"],
+            created_at=now(),
+            backend=self.backend.name,
+            accelerator=capture.spec["accelerator"],
+            dir=str(directory),
+            metadata=metadata,
+            persistent=persistent,
+            disk=str(disk),
+            vm=capture.spec,
+            boot_mode=boot_mode,
+            host_access=host_access,
+        )
+        self._records[sandbox_id] = record
+        self.db.put(record)
+        self.store.settle(disk)  # the record owns it now
+        started = time.monotonic()
+
+        def spawned(pid: int) -> None:
+            record.pid = pid  # an engine killed from here on finds the VM to remove
+            self.db.put(record)
+            crash_point("start.spawned")
+
+        try:
+            if capture.dir is None:
+                instance = await self.backend.create(
+                    capture.spec, directory, disk, spawned, host_access=host_access
+                )
+            else:
+                await asyncio.to_thread(self.backend.new_disk, capture.disk, disk)
+                instance = await self.backend.restore(
+                    capture.spec, capture.dir, directory, disk, spawned, host_access=host_access
+                )
+                await _after_resume(instance)
+        except Exception as e:
+            self._forget(sandbox_id)
+            shutil.rmtree(directory, ignore_errors=True)
+            raise ApiError(f"could not start the sandbox: {e}", 500) from e
+        record.status = "running"
+        record.pid = instance.pid
+        record.boot_ms = int((time.monotonic() - started) * 1000)
+        self.db.put(record)
+        self._live[sandbox_id] = Live(record, instance, CodeRunner(instance.agent))
+        return record
+
+    async def _boot_and_capture(self, spec: dict[str, Any], disk: Path, dest: Path) -> None:
+        """Cold-boot a VM on ``disk``, start its default kernel, and snapshot it into ``dest``."""
+        # Named uniquely: its RAM file and sockets share the engine's RAM folder.
+        instance = await self.backend.create(spec, dest / f"boot-{secrets.token_hex(6)}", disk)
+        try:
+            await instance.agent.request("ctx.create", {"isolated": False}, wait=300)
+            await instance.snapshot(dest, dest / "scratch.qcow2")
+        finally:
+            await instance.destroy()
+            (dest / "scratch.qcow2").unlink(missing_ok=True)
+
+    def _forget(self, sandbox_id: str) -> None:
+        self.leases.drop(sandbox_id)
+        self._records.pop(sandbox_id, None)
+        self.db.delete(sandbox_id)
+        self.store.collect(self.all())
+
+    def save(self, record: SandboxRecord) -> None:
+        """Store a change to a sandbox's record (its disk after a capture, its metadata)."""
+        self.db.put(record)
+
+    def lock(self, sandbox_id: str) -> asyncio.Lock:
+        """Held while the sandbox is captured or killed: the two never overlap."""
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        """The record of a sandbox, alive or dead."""
+        record = self._records.get(sandbox_id)
+        if record is None:
+            raise NotFound(f"no sandbox {sandbox_id!r}")
+        return record
+
+    def all(self) -> list[SandboxRecord]:
+        """Every sandbox the engine knows, dead ones included."""
+        return list(self._records.values())
+
+    def live(self, sandbox_id: str) -> Live:
+        """A running sandbox, or a clear error saying why it cannot be used."""
+        record = self.get(sandbox_id)
+        live = self._live.get(sandbox_id)
+        if live is None or not live.instance.is_alive():
+            reason = (
+                record.error or (live.instance.failure_reason() if live else "") or record.status
+            )
+            raise Conflict(f"sandbox {sandbox_id} is not running: {reason}")
+        return live
+
+    def lease(self, sandbox_id: str, seconds: float | None) -> SandboxRecord:
+        """Start (with ``seconds``) or renew the sandbox's lease: unless renewed again within
+        its period, the watch loop kills the sandbox (see :mod:`sandfork.engine.leases`)."""
+        record = self.get(sandbox_id)
+        if record.persistent:
+            raise BadRequest(f"sandbox {sandbox_id} is persistent: it holds no lease")
+        if record.status != "running":
+            raise Conflict(f"sandbox {sandbox_id} is not running: {record.error or record.status}")
+        seconds = seconds or record.lease_seconds
+        if seconds is None:
+            raise BadRequest(f"sandbox {sandbox_id} has no lease: give lease_seconds")
+        if seconds != record.lease_seconds:
+            record.lease_seconds = seconds
+            self.db.put(record)
+        self.leases.hold(sandbox_id, seconds)
+        return record
+
+    async def kill(self, sandbox_id: str) -> None:
+        """Stop a sandbox and delete everything it owns (after a snapshot in progress)."""
+        record = self.get(sandbox_id)
+        async with self.lock(sandbox_id):
+            live = self._live.pop(sandbox_id, None)
+            if live is not None:
+                await live.instance.destroy()
+            else:
+                await asyncio.to_thread(self.backend.release, Path(record.dir))
+            crash_point("kill.destroyed")
+            self._forget(sandbox_id)
+        self._locks.pop(sandbox_id, None)
+
+    def lease_remaining(self, sandbox_id: str) -> float | None:
+        """Seconds until the sandbox's lease runs out (``None``: it holds none)."""
+        return self.leases.remaining(sandbox_id)
+
+    async def promote(
+        self, sandbox_id: str, *, kill_parent: bool, kill_siblings: bool
+    ) -> tuple[SandboxRecord, list[str]]:
+        """A fork child takes over from its parent: the parent (and, if asked, its other
+        children) are killed; the child loses ``fork_parent_id`` and gets ``promoted_from``.
+        Returns the child and the ids killed."""
+        child = self.get(sandbox_id)
+        parent_id = child.metadata.get(FORK_PARENT)
+        if parent_id is None:
+            raise BadRequest(f"sandbox {sandbox_id} is not a fork child: nothing to promote")
+        self.live(sandbox_id)  # promoting a dead child would leave nothing running
+        doomed = [parent_id] if kill_parent else []
+        if kill_siblings:
+            doomed += [
+                r.id
+                for r in self.all()
+                if r.metadata.get(FORK_PARENT) == parent_id and r.id != sandbox_id
+            ]
+        killed = []
+        for victim in doomed:
+            with contextlib.suppress(NotFound):  # already gone
+                await self.kill(victim)
+                killed.append(victim)
+        metadata = {k: v for k, v in child.metadata.items() if k != FORK_PARENT}
+        child.metadata = {**metadata, PROMOTED_FROM: parent_id}
+        self.db.put(child)
+        return child, killed
+
+    def check_room(self, count: int, memory_mb: int, ram_bytes: int) -> None:
+        """Refuse new sandboxes that would go past the engine's limits (429)."""
+        running = [r.memory_mb for r in self._records.values() if r.status != "dead"]
+        self.limits.check_start(running, count, memory_mb, ram_bytes)

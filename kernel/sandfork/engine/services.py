@@ -1,0 +1,80 @@
+"""The engine's services, built together: what the HTTP handlers speak to.
+
+- :class:`~sandfork.engine.sandboxes.SandboxService`: the life of each sandbox (create,
+  restore, adopt after a restart, watch, lease, kill);
+- :class:`~sandfork.engine.execution.ExecutionService`: work inside a running sandbox
+  (commands, files, code contexts) and the ledger that records it;
+- :class:`~sandfork.engine.snapshotting.SnapshotService`: snapshots, forks, checkpoints,
+  export and import.
+
+Data flows one way: handler → service → backend → guest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandfork.backends.base import Backend
+from sandfork.engine.boot_captures import BootCaptures
+from sandfork.engine.db import Database
+from sandfork.engine.execution import ExecutionService
+from sandfork.engine.ledger import Ledger
+from sandfork.engine.limits import Limits
+from sandfork.engine.sandboxes import SandboxService
+from sandfork.engine.snapshots import SnapshotStore
+from sandfork.engine.snapshotting import SnapshotService
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one request may cost inside a sandbox."""
+
+    max_output: int  # bytes kept per output stream of exec and run_code
+    default_timeout: float  # seconds of an exec or run_code that names none
+    agent_timeout: float  # seconds any agent request may take past its own timeout
+    max_file_bytes: int  # largest file read or written in one request
+
+
+@dataclass(frozen=True)
+class EngineServices:
+    """The three services of one engine over one database, backend and state folder."""
+
+    sandboxes: SandboxService
+    execution: ExecutionService
+    snapshots: SnapshotService
+
+    @classmethod
+    def build(
+        cls,
+        db: Database,
+        backend: Backend,
+        home: Path,
+        boot_captures: BootCaptures | None,
+        scratch: Path,
+        limits: Limits,
+        bounds: Bounds,
+    ) -> EngineServices:
+        """The services of an engine whose state is in ``home`` (fork captures in the RAM
+        folder's ``scratch``)."""
+        store = SnapshotStore(db, home, scratch)
+        ledger = Ledger(db)
+        sandboxes = SandboxService(db, backend, home, store, boot_captures, limits)
+        execution = ExecutionService(
+            sandboxes,
+            ledger,
+            max_output=bounds.max_output,
+            default_timeout=bounds.default_timeout,
+            agent_timeout=bounds.agent_timeout,
+            max_file_bytes=bounds.max_file_bytes,
+        )
+        snapshots = SnapshotService(sandboxes, execution, store, ledger, backend, limits, home)
+        return cls(sandboxes, execution, snapshots)
+
+    async def start(self) -> None:
+        """Adopt the sandboxes an earlier engine left, clean up after it, start watching."""
+        await self.sandboxes.start()
+
+    async def stop(self) -> None:
+        """Detach from every sandbox; the VMs keep running for the next engine."""
+        await self.sandboxes.stop()

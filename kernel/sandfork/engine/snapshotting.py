@@ -1,0 +1,256 @@
+"""Snapshots of running sandboxes, forks, checkpoints, and snapshots moved between machines.
+
+One job: captures. A snapshot is taken with the sandbox paused (see
+:meth:`sandfork.backends.base.Instance.snapshot`) and listed only once complete; a fork is
+a hidden snapshot restored N times; a checkpoint is a snapshot marked in the ledger; an
+export is one self-contained file that another engine imports trusting nothing in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sandfork.backends.base import Backend
+from sandfork.crashpoints import crash_point
+from sandfork.engine import exchange
+from sandfork.engine.db import SandboxRecord, SnapshotRecord
+from sandfork.engine.errors import ApiError, Conflict
+from sandfork.engine.execution import ExecutionService
+from sandfork.engine.ledger import Ledger, now
+from sandfork.engine.limits import Limits
+from sandfork.engine.sandboxes import FORK_PARENT, SandboxService
+from sandfork.engine.snapshots import (
+    ATTACHMENTS,
+    SnapshotStore,
+    new_snapshot_id,
+    stored_bytes,
+    write_attachments,
+)
+
+
+class SnapshotService:
+    """Takes, forks, checkpoints, exports, imports and deletes snapshots."""
+
+    def __init__(
+        self,
+        sandboxes: SandboxService,
+        execution: ExecutionService,
+        store: SnapshotStore,
+        ledger: Ledger,
+        backend: Backend,
+        limits: Limits,
+        home: Path,
+    ) -> None:
+        self.sandboxes = sandboxes
+        self.execution = execution
+        self.store = store
+        self.ledger = ledger
+        self.backend = backend
+        self.limits = limits
+        self.tmp_dir = home / "tmp"  # export and import files; what a killed engine left goes
+        exchange.reset_tmp(self.tmp_dir)
+
+    def visible(self, sandbox_id: str | None = None) -> list[SnapshotRecord]:
+        """Visible snapshots, newest first, optionally only those of one sandbox (404 if it
+        is unknown)."""
+        if sandbox_id is not None:
+            self.sandboxes.get(sandbox_id)
+        return self.store.visible(sandbox_id)
+
+    def get(self, snapshot_id: str) -> SnapshotRecord:
+        """A snapshot, or 404."""
+        return self.store.get(snapshot_id)
+
+    def rename(self, snapshot_id: str, name: str) -> SnapshotRecord:
+        """Give a snapshot a new name."""
+        return self.store.rename(snapshot_id, name)
+
+    def attachment(self, snapshot_id: str, name: str) -> bytes:
+        """The file ``name`` stored with a snapshot, or 404."""
+        return self.store.attachment(snapshot_id, name).read_bytes()
+
+    async def snapshot(
+        self,
+        sandbox_id: str,
+        name: str | None = None,
+        *,
+        hidden: bool = False,
+        metadata: dict[str, str] | None = None,
+        attachments: dict[str, bytes] | None = None,
+    ) -> SnapshotRecord:
+        """Capture a running sandbox (it keeps running) into an immutable snapshot.
+
+        ``attachments`` are files stored with it (a notebook document, say), written before
+        the snapshot is listed: it appears with them or not at all.
+        """
+        live = self.sandboxes.live(sandbox_id)
+        record = live.record
+        if not hidden:
+            self.limits.check_snapshot(
+                sum(s.size_bytes for s in self.store.visible()),
+                live.instance.memory_bytes(),
+            )
+        async with self.sandboxes.lock(sandbox_id):
+            live = self.sandboxes.live(sandbox_id)  # it may have been killed while we waited
+            contexts = await self.execution.contexts(sandbox_id)
+            snapshot_id = new_snapshot_id()
+            # A fork's capture is thrown away once the children run: keep it off the disk.
+            staging = self.store.staging(snapshot_id, in_memory=hidden)
+            try:
+                stored = write_attachments(staging, attachments or {})
+            except ApiError:
+                self.store.abandon(snapshot_id, staging)
+                raise
+            frozen = Path(record.disk)
+            new_disk = self.store.new_layer(frozen)
+            try:
+                paused = await live.instance.snapshot(staging, new_disk)
+            except Exception as e:
+                self.store.abandon(snapshot_id, staging)
+                self.store.settle(new_disk)
+                raise ApiError(f"the snapshot failed: {e}", 500) from e
+            crash_point("snapshot.frozen")
+            record.disk = str(new_disk)
+            self.sandboxes.save(record)
+            self.store.settle(new_disk)
+            snap = SnapshotRecord(
+                id=snapshot_id,
+                name=name,
+                created_at=now(),
+                sandbox_id=sandbox_id,
+                template=record.template,
+                parent_id=record.from_snapshot,
+                disk=str(frozen),
+                vm=record.vm,
+                size_bytes=stored_bytes(staging) + stored_bytes(frozen),
+                paused_ms=int(paused * 1000),
+                contexts=[c["id"] for c in contexts.get("contexts", [])],
+                hidden=hidden,
+                metadata=metadata or {},
+                attachments=stored,
+            )
+            crash_point("snapshot.written")
+            self.store.publish(snap, staging)
+        return snap
+
+    async def fork(
+        self, sandbox_id: str, count: int, *, metadata: dict[str, str], reseed_python: bool
+    ) -> list[SandboxRecord]:
+        """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
+        parent = self.sandboxes.get(sandbox_id)
+        ram = self.sandboxes.live(sandbox_id).instance.memory_bytes()
+        # The capture and the children's RAM all sit in the RAM folder while the fork runs.
+        self.sandboxes.check_room(count, parent.memory_mb, ram + ram // count)
+        snap = await self.snapshot(sandbox_id, hidden=True)
+        crash_point("fork.captured")
+        try:
+            children = await asyncio.gather(
+                *(
+                    self.sandboxes.create_from_snapshot(
+                        snap.id,
+                        metadata={**metadata, FORK_PARENT: sandbox_id},
+                        persistent=parent.persistent,
+                        host_access=parent.host_access,
+                    )
+                    for _ in range(count)
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            self.store.delete(snap.id, self.sandboxes.all())
+        failures = [c for c in children if isinstance(c, BaseException)]
+        made = [c for c in children if isinstance(c, SandboxRecord)]
+        if failures:
+            for child in made:
+                await self.sandboxes.kill(child.id)
+            raise ApiError(f"the fork failed: {failures[0]}", 500)
+        for child in made:
+            child.from_snapshot = None
+            child.metadata[FORK_PARENT] = sandbox_id
+            self.sandboxes.save(child)
+            if reseed_python:
+                await self.execution.reseed_python(child.id)
+        return made
+
+    async def checkpoint(self, sandbox_id: str, name: str | None) -> dict[str, Any]:
+        """Snapshot the sandbox and record a ``checkpoint_created`` event in its ledger."""
+        snap = await self.snapshot(sandbox_id, name)
+        return self.ledger.checkpoint(sandbox_id, snap.id, name)
+
+    async def resume(
+        self, sandbox_id: str, name: str | None
+    ) -> tuple[SandboxRecord, list[dict[str, Any]]]:
+        """Restore the latest (or named) checkpoint of a sandbox, alive or killed.
+
+        Returns the new sandbox and the calls made before the checkpoint, which the client
+        replays from cache; the new sandbox's ledger starts with them.
+        """
+        checkpoint = self.ledger.find_checkpoint(sandbox_id, name)
+        metadata = {"resumed_from": sandbox_id}
+        record = await self.sandboxes.create_from_snapshot(
+            checkpoint["snapshot_id"], metadata=metadata, persistent=False
+        )
+        self.ledger.copy(sandbox_id, record.id, checkpoint["seq"])
+        return record, self.ledger.entries(record.id)
+
+    async def export_snapshot(self, snapshot_id: str, out: Path) -> None:
+        """Write a snapshot to one portable file (see :mod:`sandfork.engine.exchange`)."""
+        snap = self.store.get(snapshot_id)
+        await asyncio.to_thread(
+            exchange.export_snapshot, snap, self.store.path(snap.id), out, self.backend.images
+        )
+
+    async def import_snapshot(self, file: Path, limits: exchange.ImportLimits) -> SnapshotRecord:
+        """Add the snapshot in an exported file under a new id; its template is built here if
+        needed. Nothing in the file is trusted (see :mod:`sandfork.engine.exchange`)."""
+        snapshot_id = new_snapshot_id()
+        staging = Path(tempfile.mkdtemp(prefix="import-", dir=self.tmp_dir))
+        layers: list[Path] = []
+        try:
+            stored = sum(s.size_bytes for s in self.store.visible())
+
+            def admit(manifest: exchange.Manifest) -> None:  # before a member is written
+                self.limits.check_snapshot(stored, manifest.total_bytes)
+
+            manifest = await asyncio.to_thread(exchange.unpack, file, staging, limits, admit)
+            built = await self.sandboxes.template(manifest.fields["template"])
+            if (built.boot_key, built.rootfs.parent.name) != (
+                manifest.boot_key,
+                manifest.rootfs_key,
+            ):
+                raise Conflict(
+                    f"this snapshot needs template {built.name!r} built from the same inputs "
+                    f"(boot {manifest.boot_key}, image {manifest.rootfs_key}); "
+                    f"here it is boot {built.boot_key}, image {built.rootfs.parent.name}"
+                )
+            await asyncio.to_thread(
+                exchange.check_layers, staging, manifest.layers, built.rootfs, self.backend.images
+            )
+            backing = built.rootfs
+            for i in range(manifest.layers):
+                layer = self.store.new_layer(backing)
+                layers.append(layer)
+                (staging / f"layer{i}.qcow2").rename(layer)
+                await asyncio.to_thread(self.backend.images.rebase, layer, backing)
+                backing = layer
+            if manifest.fields["attachments"]:
+                (staging / ATTACHMENTS).mkdir()
+            for name in manifest.fields["attachments"]:
+                (staging / (exchange.ATTACHMENT_PREFIX + name)).rename(staging / ATTACHMENTS / name)
+            vm = self.backend.spec(built, manifest.memory_mb, manifest.cpus)
+            vm["accelerator"] = manifest.accelerator  # the saved state needs the same one
+            snap = manifest.record(snapshot_id, backing, vm)
+            self.store.publish(snap, staging)
+            return snap
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            self.store.settle(*layers)
+            self.store.collect(self.sandboxes.all())
+
+    def delete(self, snapshot_id: str) -> None:
+        """Delete a snapshot; what other snapshots and sandboxes use stays."""
+        self.store.delete(snapshot_id, self.sandboxes.all())
