@@ -34,6 +34,14 @@ def _entries(path: Path, pattern: str = "*") -> set[str]:
     return {p.name for p in path.glob(pattern)} if path.exists() else set()
 
 
+def _killed(pid: int) -> bool:
+    """True once the process got its SIGKILL (a zombie not yet reaped, or gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
 class Round:
     """One operation on the engine and the evidence that it is under way."""
 
@@ -64,7 +72,7 @@ class Round:
             "fork": (lambda: self.sandbox.fork(), lambda: new_vm() or staging()),
             "export": (lambda: snapshot.export(self.export_file.with_suffix(".again")), new_tmp),
             "import": (lambda: Snapshot.import_file(self.export_file, client=client), new_tmp),
-            "delete": (lambda: self.sandbox.kill(), lambda: not Path(f"/proc/{pid}").exists()),
+            "delete": (lambda: self.sandbox.kill(), lambda: _killed(pid)),
         }
 
 
@@ -107,11 +115,11 @@ def main() -> None:
 
             threading.Thread(target=run, daemon=True).start()
             while not in_flight() and not done.is_set():
-                time.sleep(0.002)
+                time.sleep(0.0005)
             if done.is_set() and not in_flight():
                 finished_first[name] += 1
             else:
-                time.sleep(rng.uniform(0, 0.3))
+                time.sleep(0 if name == "delete" else rng.uniform(0, 0.3))  # delete takes ms
                 engine.stop(signal.SIGKILL)
                 kills[name] += 1
                 done.wait(60)

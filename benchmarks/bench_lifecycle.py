@@ -40,7 +40,7 @@ def main() -> None:
 
     cold_boot = []
     cold = EngineProcess(
-        Path(tempfile.mkdtemp(prefix="sandfork-bench-cold-")), "--no-boot-snapshots"
+        Path(tempfile.mkdtemp(prefix="sandfork-bench-cold-")), "--no-boot-captures"
     )
     cold.start()
     try:

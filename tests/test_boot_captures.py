@@ -60,7 +60,7 @@ def _shared_capture(client: Client) -> Path:
     finally:
         sb.kill()
     capture = Path(json.loads(info.stdout)["full-backing-filename"]).parent
-    assert capture.parent == cache_dir() / "boot-snapshots", capture
+    assert capture.parent == cache_dir() / "boot-captures", capture
     assert BootCaptures.valid(capture)
     return capture
 
@@ -73,7 +73,7 @@ def _garble(path: Path, offset: int = 0) -> None:
 
 def test_cold_boot_without_captures(start_engine: StartEngine, tmp_path: Path) -> None:
     captures = tmp_path / "captures"
-    engine = start_engine("--no-boot-snapshots", "--boot-snapshot-dir", str(captures))
+    engine = start_engine("--no-boot-captures", "--boot-capture-dir", str(captures))
     client = engine.client()
     sb = Sandbox.create(client=client)
     try:
@@ -101,7 +101,7 @@ def test_damaged_captures_are_rebuilt(
     stem = shared.name.split(".")[0]  # the shared one may be a rebuilt generation: "<stem>.N"
     gen0 = captures / stem
     subprocess.run(["cp", "-a", "--sparse=always", str(shared), str(gen0)], check=True)
-    engine = start_engine("--boot-snapshot-dir", str(captures))
+    engine = start_engine("--boot-capture-dir", str(captures))
     own = engine.client()
     first = Sandbox.create(client=own)  # from the intact copy: no rebuild
     try:

@@ -172,9 +172,9 @@ def test_short_flags_and_aliases() -> None:
             "0",
             "--accelerator",
             "tcg",
-            "--no-boot-snapshots",
+            "--no-boot-captures",
             "--allow-host-access",
-            "--boot-snapshot-dir",
+            "--boot-capture-dir",
             "/captures",
             "--egress-allow",
             "10.1.2.3/32",
@@ -185,9 +185,9 @@ def test_short_flags_and_aliases() -> None:
     assert got["EngineConfig", "ip"] == "0.0.0.0"
     assert got["EngineConfig", "port"] == 0
     assert got["EngineConfig", "accelerator"] == "tcg"
-    assert got["EngineConfig", "boot_snapshots"] is False
+    assert got["EngineConfig", "boot_captures"] is False
     assert got["EngineConfig", "allow_host_access"] is True
-    assert got["EngineConfig", "boot_snapshot_dir"] == "/captures"
+    assert got["EngineConfig", "boot_capture_dir"] == "/captures"
     assert got["EngineConfig", "egress_allow"] == ["10.1.2.3/32", "10.9.0.0/16"]
 
 

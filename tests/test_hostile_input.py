@@ -19,7 +19,7 @@ import requests
 
 from conftest import EngineProcess
 from hostile_cases import CASES, MIB, Case
-from sandfork.backends.channel import AgentError, AgentTimeout
+from sandfork.backends.agent_link import AgentError, AgentTimeout
 from sandfork.engine.db import SandboxRecord
 from sandfork.engine.errors import ApiError, Unresponsive
 from sandfork.engine.execution import UNRESPONSIVE, agent_failures

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from sandfork.backends.channel import AgentChannel
+from sandfork.backends.agent_link import AgentLink
 from sandfork.templates import BuiltTemplate
 
 
@@ -34,7 +34,7 @@ class Instance(Protocol):
     """One running sandbox as a backend sees it."""
 
     pid: int
-    agent: AgentChannel
+    agent: AgentLink
 
     def is_alive(self) -> bool:
         """True while the sandbox runs."""

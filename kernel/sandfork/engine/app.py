@@ -142,8 +142,8 @@ async def serve(config: EngineConfig) -> None:
     egress = EgressProxy(ram / "egress.sock", exempting(config.egress_allow))
     await egress.start()
     backend = VmBackend(ram, config.accelerator, config.boot_timeout, egress.path)
-    captures_dir = Path(config.boot_snapshot_dir or cache_dir() / "boot-snapshots")
-    captures = BootCaptures(captures_dir, backend) if config.boot_snapshots else None
+    captures_dir = Path(config.boot_capture_dir or cache_dir() / "boot-captures")
+    captures = BootCaptures(captures_dir, backend) if config.boot_captures else None
     services = EngineServices.build(
         db,
         backend,

@@ -1,4 +1,4 @@
-"""Pre-booted template snapshots: a template's VM booted once, its default kernel idle.
+"""Boot captures: a template's VM booted once, its default kernel idle, captured.
 
 Creating a sandbox restores one of these instead of booting, so only the first sandbox of a
 template (per memory size, CPU count, accelerator and QEMU build) pays for a cold boot. They
@@ -60,7 +60,7 @@ def _generations(root: Path, stem: str) -> list[tuple[int, Path]]:
 
 
 class BootCaptures:
-    """The cache of pre-booted template snapshots."""
+    """The cache of boot captures."""
 
     def __init__(self, root: Path, backend: Backend) -> None:
         self.root = root

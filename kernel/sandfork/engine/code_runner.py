@@ -17,10 +17,10 @@ from typing import Any
 
 from jupyter_client.session import Session
 
-from sandfork.backends.channel import (
+from sandfork.backends.agent_link import (
     DEFAULT_AGENT_TIMEOUT,
-    AgentChannel,
     AgentError,
+    AgentLink,
     AgentTimeout,
 )
 from sandfork.engine.errors import NotFound, Timeout
@@ -116,7 +116,7 @@ class _Run:
 class CodeRunner:
     """Runs code in the code contexts of one sandbox."""
 
-    def __init__(self, agent: AgentChannel) -> None:
+    def __init__(self, agent: AgentLink) -> None:
         self._agent = agent
         self._session = Session(username="sandfork")
         self._runs: dict[str, _Run] = {}

@@ -36,15 +36,15 @@ class EngineConfig(LoggingConfigurable):
         1024 * 1024,
         help="Per-stream cap on exec and run_code output; the rest is cut with a marker.",
     ).tag(config=True)
-    boot_snapshots = Bool(
+    boot_captures = Bool(
         True,
-        help="Create sandboxes by restoring a pre-booted snapshot of their template "
+        help="Create sandboxes by restoring a boot capture of their template "
         "(made on first use, cached) instead of booting each one.",
     ).tag(config=True)
-    boot_snapshot_dir = Unicode(
+    boot_capture_dir = Unicode(
         "",
-        help="Directory of the pre-booted template snapshots (default: "
-        "<cache dir>/boot-snapshots, shared by every engine of the user).",
+        help="Directory of the boot captures (default: "
+        "<cache dir>/boot-captures, shared by every engine of the user).",
     ).tag(config=True)
     ram_dir = Unicode(
         "",

@@ -13,7 +13,7 @@ lowest priority first:
    ``SANDFORK_HOME`` too names the state directory. The environment beats the files because
    the clients (SDK, ``sandfork env``) find the engine's state directory from it too;
 4. the command line: ``--EngineConfig.<name>=<value>`` for any setting, and the short
-   aliases and flags below (``--port``, ``--no-boot-snapshots``...).
+   aliases and flags below (``--port``, ``--no-boot-captures``...).
 """
 
 from __future__ import annotations
@@ -110,15 +110,15 @@ class SandforkEngineApp(Application):
         "state-dir": "EngineConfig.state_dir",
         "accelerator": "EngineConfig.accelerator",
         "ram-dir": "EngineConfig.ram_dir",
-        "boot-snapshot-dir": "EngineConfig.boot_snapshot_dir",
+        "boot-capture-dir": "EngineConfig.boot_capture_dir",
         "egress-allow": "EngineConfig.egress_allow",
         "max-sandboxes": "EngineConfig.max_sandboxes",
     }
     flags = {  # noqa: RUF012
         **Application.flags,
-        "no-boot-snapshots": (
-            {"EngineConfig": {"boot_snapshots": False}},
-            "Boot every sandbox instead of restoring its template's pre-booted snapshot.",
+        "no-boot-captures": (
+            {"EngineConfig": {"boot_captures": False}},
+            "Boot every sandbox instead of restoring its template's boot capture.",
         ),
         "allow-host-access": (
             {"EngineConfig": {"allow_host_access": True}},

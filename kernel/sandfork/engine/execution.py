@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sandfork.backends.channel import AgentError, AgentUnavailable, default_wait
+from sandfork.backends.agent_link import AgentError, AgentUnavailable, default_wait
 from sandfork.engine.db import SandboxRecord
 from sandfork.engine.errors import ApiError, Conflict, NotFound, Timeout, TooLarge, Unresponsive
 from sandfork.engine.ledger import Ledger, now

@@ -172,7 +172,7 @@ class SandboxService:
     ) -> SandboxRecord:
         """Create a sandbox from a template; returns once its agent answers.
 
-        The template's pre-booted snapshot (booted once, default kernel idle) is restored
+        The template's boot capture (booted once, default kernel idle) is restored
         when it exists, so only the first sandbox of a template pays for a cold boot.
         Its network reaches only the egress proxy unless ``host_access``.
         """

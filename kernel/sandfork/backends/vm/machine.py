@@ -16,7 +16,7 @@ from typing import Any
 
 from qemu.qmp import ConnectError, QMPClient
 
-from sandfork.backends.channel import AgentChannel
+from sandfork.backends.agent_link import AgentLink
 from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, command_line
 
 MEMORY_FILE = "memory.img"
@@ -42,7 +42,7 @@ class Machine:
         self.layout = layout
         self.pid = pid
         self._process = process
-        self.agent = AgentChannel(str(layout.agent_socket))
+        self.agent = AgentLink(str(layout.agent_socket))
 
     @classmethod
     async def launch(

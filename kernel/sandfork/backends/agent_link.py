@@ -1,6 +1,6 @@
 """Host side of the guest agent protocol (see ``docs/agent-protocol.md``).
 
-One :class:`AgentChannel` per sandbox: a Unix-socket connection to the VM's virtio-serial
+One :class:`AgentLink` per sandbox: a Unix-socket connection to the VM's virtio-serial
 chardev, with concurrent requests multiplexed by id, streamed events delivered to the
 request that asked for them, and unsolicited kernel events fanned out to subscribers.
 """
@@ -68,7 +68,7 @@ class _Pending:
 
 
 @dataclass
-class AgentChannel:
+class AgentLink:
     """A connection to one sandbox's guest agent."""
 
     socket_path: str
