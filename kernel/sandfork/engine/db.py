@@ -189,6 +189,7 @@ class Database:
     def put_snapshot(self, snap: SnapshotRecord) -> None:
         """Insert or replace a snapshot row."""
         row = asdict(snap)
+        del row["memory_mb"], row["cpu"]  # derived from vm
         row["vm"] = json.dumps(snap.vm)
         row["contexts"] = json.dumps(snap.contexts)
         row["hidden"] = int(snap.hidden)
@@ -219,41 +220,17 @@ class Database:
 
 
 @dataclass
-class SnapshotRecord:
-    """A snapshot: device state + memory image (in its directory) + a frozen disk layer."""
+class SnapshotRecord(SnapshotInfo):
+    """A snapshot as the engine keeps it: what the API shows (:class:`SnapshotInfo`), plus
+    where it lives (a frozen disk layer; device state and memory image in its folder), the
+    VM it restores into, and whether it is a fork's hidden capture."""
 
-    id: str
-    name: str | None
-    created_at: str
-    sandbox_id: str
-    template: str
-    parent_id: str | None
-    disk: str
-    vm: dict[str, Any]
-    size_bytes: int
-    paused_ms: int = 0
-    contexts: list[str] = field(default_factory=list)
+    disk: str = ""
+    vm: dict[str, Any] = field(default_factory=dict)
     hidden: bool = False
-    metadata: dict[str, str] = field(default_factory=dict)
-    attachments: list[str] = field(default_factory=list)
 
-    def to_api(self) -> dict[str, Any]:
-        """The snapshot as the HTTP API shows it (:class:`sandfork.protocol.SnapshotInfo`)."""
-        return SnapshotInfo(
-            id=self.id,
-            name=self.name,
-            created_at=self.created_at,
-            sandbox_id=self.sandbox_id,
-            template=self.template,
-            parent_id=self.parent_id,
-            size_bytes=self.size_bytes,
-            paused_ms=self.paused_ms,
-            memory_mb=self.vm.get("memory_mb"),
-            cpu=self.vm.get("cpus"),
-            contexts=self.contexts,
-            metadata=self.metadata,
-            attachments=self.attachments,
-        ).to_api()
+    def __post_init__(self) -> None:
+        self.memory_mb, self.cpu = self.vm.get("memory_mb"), self.vm.get("cpus")
 
 
 def _record(row: sqlite3.Row) -> SandboxRecord:

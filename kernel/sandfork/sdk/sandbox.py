@@ -163,19 +163,16 @@ class Sandbox:
         must allow it); otherwise it reaches only the engine's egress proxy.
         """
         client = client or default_client()
+        optional = {
+            "from_snapshot": from_snapshot,
+            "host_access": host_access or None,
+            "memory_mb": memory_mb,
+            "cpu": cpu,
+            "metadata": metadata or None,
+            "lease_seconds": lease_seconds,
+        }
         body: dict[str, Any] = {"template": template, "persistent": persistent}
-        if from_snapshot is not None:
-            body["from_snapshot"] = from_snapshot
-        if host_access:
-            body["host_access"] = True
-        if memory_mb is not None:
-            body["memory_mb"] = memory_mb
-        if cpu is not None:
-            body["cpu"] = cpu
-        if metadata:
-            body["metadata"] = metadata
-        if lease_seconds is not None:
-            body["lease_seconds"] = lease_seconds
+        body |= {name: value for name, value in optional.items() if value is not None}
         return cls._from_api(client.request("POST", "/sandboxes", json=body), client)
 
     @classmethod
