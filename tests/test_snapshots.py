@@ -155,6 +155,8 @@ def test_snapshot_management_api(client: Client, engine: EngineProcess) -> None:
         assert response.json()["error"]
     assert [s.id for s in Snapshot.list(sandbox_id=sb.id, client=client)] == [snap.id]
     sb.kill()
+    # A snapshot outlives its sandbox, and the list still finds it by that sandbox.
+    assert [s.id for s in Snapshot.list(sandbox_id=sb.id, client=client)] == [snap.id]
     snap.delete()
 
 

@@ -55,10 +55,8 @@ class SnapshotService:
         exchange.reset_tmp(self.tmp_dir)
 
     def visible(self, sandbox_id: str | None = None) -> list[SnapshotRecord]:
-        """Visible snapshots, newest first, optionally only those of one sandbox (404 if it
-        is unknown)."""
-        if sandbox_id is not None:
-            self.sandboxes.get(sandbox_id)
+        """Visible snapshots, newest first, optionally only those of one sandbox (killed
+        ones included: their snapshots outlive them)."""
         return self.store.visible(sandbox_id)
 
     def get(self, snapshot_id: str) -> SnapshotRecord:
