@@ -63,3 +63,13 @@ def test_engine_killed_inside_an_operation(own_engine: EngineProcess, point: str
         later.kill()
     for item in client.request("GET", "/sandboxes")["items"]:
         client.request("DELETE", f"/sandboxes/{item['id']}")
+
+
+def test_a_layer_file_nobody_recorded_goes_at_start(own_engine: EngineProcess) -> None:
+    own_engine.stop(signal.SIGKILL)
+    stray = own_engine.home / "layers" / "0123456789abcdef.qcow2"
+    stray.parent.mkdir(exist_ok=True)
+    stray.write_bytes(b"left by an engine killed before it recorded the layer")
+    own_engine.start()
+    assert not stray.exists()
+    assert list((own_engine.home / "layers").glob(".trash-*")) == []  # emptied before serving

@@ -98,6 +98,7 @@ class SandboxService:
         for line in swept:
             log.warning("removed what an interrupted operation left: %s", line)
         self.store.collect(self.all())
+        self.store.remove_strays()
         await asyncio.to_thread(self.store.drain)  # a clean slate before serving
         for record in self._records.values():  # a fresh, full period for every lease
             if record.lease_seconds is not None:

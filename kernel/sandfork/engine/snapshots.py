@@ -243,6 +243,11 @@ class SnapshotStore:
         for path in set(layers) - keep:
             self._remove(Path(path))
             self.db.delete_layer(path)
+
+    def remove_strays(self) -> None:
+        """Delete the layer files the database does not know (left by an engine killed
+        before it recorded them). Only at start: no layer is being created then."""
+        known = self.db.layers()
         for stray in self.layers_dir.glob("[!.]*.qcow2"):
-            if str(stray) not in layers:  # made by an engine killed before it was recorded
+            if str(stray) not in known:
                 self._remove(stray)
