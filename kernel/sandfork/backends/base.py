@@ -76,9 +76,6 @@ class Backend(Protocol):
     def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> dict[str, Any]:
         """The description of a sandbox of ``template``; kept with its snapshots."""
 
-    def new_disk(self, base: Path, disk: Path) -> None:
-        """Create ``disk`` as a copy-on-write layer over ``base``."""
-
     async def create(
         self,
         spec: dict[str, Any],

@@ -154,7 +154,7 @@ class BootCaptures:
         staging.mkdir(parents=True)
         try:
             disk = staging / DISK
-            await asyncio.to_thread(self.backend.new_disk, built.rootfs, disk)
+            await asyncio.to_thread(self.backend.images.create_overlay, built.rootfs, disk)
             await capture(spec, disk, staging)
             files = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
             checksum = await asyncio.to_thread(self.checksum, staging / CHECKSUMMED)

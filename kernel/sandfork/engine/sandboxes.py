@@ -197,7 +197,7 @@ class SandboxService:
                 ),
             )
         disk = self.store.new_layer(built.rootfs)
-        await asyncio.to_thread(self.backend.new_disk, built.rootfs, disk)
+        await asyncio.to_thread(self.backend.images.create_overlay, built.rootfs, disk)
         return await self._start(
             built.name,
             Capture(None, spec, disk),
@@ -277,7 +277,7 @@ class SandboxService:
                     capture.spec, directory, disk, spawned, host_access=host_access
                 )
             else:
-                await asyncio.to_thread(self.backend.new_disk, capture.disk, disk)
+                await asyncio.to_thread(self.backend.images.create_overlay, capture.disk, disk)
                 instance = await self.backend.restore(
                     capture.spec, capture.dir, directory, disk, spawned, host_access=host_access
                 )

@@ -24,6 +24,7 @@ class VmBackend:
     """Runs sandboxes as QEMU VMs over qcow2 overlays of a template's root image."""
 
     name = "vm"
+    images = Qcow2Images()
 
     def __init__(
         self,
@@ -54,15 +55,9 @@ class VmBackend:
             accel=self.accel,
         ).to_dict()
 
-    images = Qcow2Images()
-
     def machine_key(self) -> str:
         """The QEMU build and the revision of our VM's devices: saved states need both."""
         return f"{qemu_version()} / machine revision {MACHINE_REVISION}"
-
-    def new_disk(self, base: Path, disk: Path) -> None:
-        """Create ``disk`` as a copy-on-write overlay of ``base``."""
-        self.images.create_overlay(base, disk)
 
     async def create(
         self,
