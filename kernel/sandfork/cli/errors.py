@@ -44,7 +44,7 @@ def _os_hint(error: OSError) -> str:
         return "check the path"
     if isinstance(error, PermissionError):
         where = f" {error.filename}" if error.filename else ""
-        return f"run as a user allowed to use{where} (templates and KVM usually need root)"
+        return f"run as a user allowed to use{where}; `sandfork doctor` checks this host"
     if error.errno == errno.EADDRINUSE:
         return "another program (an engine?) has this port: pick another, or --port 0"
     return DEBUG_HINT
@@ -65,8 +65,10 @@ def describe(error: BaseException) -> Failure | None:
     if isinstance(error, SandforkError):
         return Failure(str(error), _sdk_hint(error))
     if isinstance(error, TemplateError):
-        needs_root = "needs root" in str(error)
-        hint = "run it as root" if needs_root else "`sandfork template list` shows the templates"
+        host = str(error).startswith("cannot build templates here")
+        hint = "`sandfork doctor` checks this host" if host else DEBUG_HINT
+        if str(error).startswith("unknown template"):
+            hint = "`sandfork template list` shows the templates"
         return Failure(str(error), hint)
     if isinstance(error, OSError):
         return Failure(str(error), _os_hint(error))

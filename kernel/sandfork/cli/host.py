@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from sandfork.cli.doctor import doctor as _doctor
 from sandfork.cli.output import console, print_records
-from sandfork.paths import cache_dir, runtime_dir, state_dir
+from sandfork.paths import runtime_dir
 
 __all__ = ["add_commands"]
 
@@ -80,38 +79,22 @@ def _template_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _doctor(args: argparse.Namespace) -> int:
-    from sandfork.backends.vm.accel import detect_accelerator
-    from sandfork.templates import BuiltTemplate, list_specs
+def _template_export(args: argparse.Namespace) -> int:
+    from sandfork.templates.exchange import export_template
 
-    ok = True
-    qemu = shutil.which("qemu-system-x86_64")
-    if qemu:
-        version = subprocess.run(
-            [qemu, "--version"], capture_output=True, text=True
-        ).stdout.splitlines()[0]
-        console.print(f"[green]✓[/] QEMU: {version}")
-    else:
-        ok = False
-        console.print("[red]✗[/] QEMU: qemu-system-x86_64 not installed (bash scripts/setup.sh)")
-    for tool in ("qemu-img", "debootstrap", "mke2fs", "socat"):
-        mark = "[green]✓[/]" if shutil.which(tool) else "[red]✗[/]"
-        ok = ok and bool(shutil.which(tool))
-        console.print(f"{mark} {tool}: {shutil.which(tool) or 'not installed'}")
-    accel = detect_accelerator(args.accelerator)
-    console.print(f"[green]✓[/] accelerator: {accel.name} — {accel.reason}")
-    for spec in list_specs():
-        built = BuiltTemplate.find(spec)
-        status = f"built ({built.rootfs})" if built else "not built yet (built on first use)"
-        console.print(f"  template {spec.name}: {status}")
-    for label, path in (("state", state_dir()), ("cache", cache_dir())):
-        path.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(path).free / 2**30
-        mark = "[green]✓[/]" if free > 5 else "[yellow]![/]"
-        console.print(f"{mark} {label} dir {path}: {free:.1f} GiB free")
-    if not ok:
-        print("hint: install the host tools with `bash scripts/setup.sh`", file=sys.stderr)
-    return 0 if ok else 1
+    with console.status(f"exporting template {args.name}…"):
+        export_template(args.name, Path(args.file))
+    console.print(f"wrote {args.file}")
+    return 0
+
+
+def _template_import(args: argparse.Namespace) -> int:
+    from sandfork.templates.exchange import import_template
+
+    with console.status(f"importing {args.file}…"):
+        name, where = import_template(Path(args.file), Path(args.into) if args.into else None)
+    console.print(f"[green]template {name} ready[/] ({where})")
+    return 0
 
 
 def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -142,9 +125,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     env.set_defaults(func=_env)
 
-    template = sub.add_parser("template", help="build and list templates").add_subparsers(
-        dest="template_command", required=True
-    )
+    template = sub.add_parser(
+        "template", help="build, list, export, import templates"
+    ).add_subparsers(dest="template_command", required=True)
     build = template.add_parser(
         "build", help="build a template image (cached by its inputs)", parents=[common]
     )
@@ -157,7 +140,27 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     listing.set_defaults(func=_template_list)
 
     doctor = sub.add_parser(
-        "doctor", help="check QEMU, the accelerator, images and disk space", parents=[common]
+        "doctor",
+        help="check what this host lacks (one line each, with the fix), KVM, templates, disk",
+        parents=[common],
     )
     doctor.add_argument("--accelerator", choices=["auto", "kvm", "tcg"], default="auto")
     doctor.set_defaults(func=_doctor)
+
+    export = template.add_parser(
+        "export", help="write a built template to one file", parents=[common]
+    )
+    export.add_argument("name", help="template name")
+    export.add_argument("file", help="the new file (a zstd-compressed tar)")
+    export.set_defaults(func=_template_export)
+    imp = template.add_parser(
+        "import", help="add a template from an exported file (verified)", parents=[common]
+    )
+    imp.add_argument("file")
+    imp.add_argument(
+        "--into",
+        metavar="DIR",
+        help="a folder of templates for every user (e.g. /usr/share/sandfork/templates, "
+        "read-only to them; $SANDFORK_TEMPLATE_PATH lists others) instead of your cache",
+    )
+    imp.set_defaults(func=_template_import)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from sandfork.protocol import MAX_FORKS, is_snapshot_id
-from sandfork.sdk import Sandbox, SandforkError
+from sandfork.sdk import Sandbox, SandforkError, Snapshot
 
 _MAGIC = re.compile(
     r"\A(?P<lead>\s*?)[ \t]*%(?P<name>snapshot|fork|restore|sandbox)(?:[ \t]+(?P<arg>[^\n]*?))?"
@@ -65,15 +65,26 @@ def run(magic: Magic, sandbox: Sandbox, lease_seconds: float | None = None) -> O
             children = sandbox.fork_tree(_count(argument))
             return Outcome("\n".join(child.id for child in children))
         if name == "restore":
-            if not is_snapshot_id(argument):
-                raise MagicError("usage: %restore SNAPSHOT_ID")
+            snapshot_id = _snapshot_id(argument, sandbox)
             restored = Sandbox.create(
-                from_snapshot=argument, lease_seconds=lease_seconds, client=sandbox.client
+                from_snapshot=snapshot_id, lease_seconds=lease_seconds, client=sandbox.client
             )
-            return Outcome(f"restored {argument} into {restored.id}", restored)
+            return Outcome(f"restored {snapshot_id} into {restored.id}", restored)
         return Outcome(describe(sandbox))
     except SandforkError as e:
         raise MagicError(f"%{name} failed: {e}") from e
+
+
+def _snapshot_id(argument: str, sandbox: Sandbox) -> str:
+    """``%restore``'s argument: a snapshot id, or the name of the newest snapshot so named."""
+    if is_snapshot_id(argument):
+        return argument
+    if not argument:
+        raise MagicError("usage: %restore SNAPSHOT_ID|NAME")
+    for snapshot in Snapshot.list(client=sandbox.client):  # newest first
+        if snapshot.name == argument:
+            return snapshot.id
+    raise MagicError(f"usage: %restore SNAPSHOT_ID|NAME (no snapshot is named {argument!r})")
 
 
 def describe(sandbox: Sandbox) -> str:

@@ -17,25 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from .boot import BUILDER_VERSION, KEY_CHARS, boot_inputs, build_boot, key16, source_inputs
-from .cache import Staging, build_lock, clean_stale, hash_key, read_manifest, sandfork_cache
-from .chroot import chroot_mounts, run_in_chroot, safe_rmtree
+from .cache import (
+    Staging,
+    build_lock,
+    clean_stale,
+    hash_key,
+    read_manifest,
+    sandfork_cache,
+    template_roots,
+)
 from .debian import apt_mirror
 from .errors import TemplateError
 from .kernel import KERNEL_CMDLINE
 from .progress import BuildProgress
-from .rootfs import (
-    REQUIRED_APT,
-    create_venv,
-    debootstrap,
-    finalize_tree,
-    install_ca_bundle,
-    install_wheels,
-    make_image,
-    run_setup,
-    write_files,
-    write_pip_conf,
-)
+from .rootfs import REQUIRED_APT, bootstrap
 from .spec import TemplateSpec, load_spec
+from .stage import RootfsJob, run_finish
+from .userns import check_build_host, rootless
 from .wheels import PLATFORMS, download_wheels, guest_pip_conf, host_index_urls
 
 __all__ = [
@@ -125,16 +123,24 @@ class BuiltTemplate:
     def find(cls, spec_or_name: TemplateSpec | str | Path) -> BuiltTemplate | None:
         """The built template for a spec (or name, or path), or None; never builds.
 
-        Uses apt's local package lists to know the current kernel version (no network); if
-        apt knows nothing, falls back to the newest built boot artifact for the same sources.
+        Looks in the user's cache, then in the shared read-only folders (see
+        ``cache.template_roots``). A built root image goes with the boot artifact of the
+        current kernel, which apt's local package lists name (no network); if apt knows
+        nothing, with the newest boot artifact built from the same sources. An imported
+        root image goes with the boot artifact it was exported with.
         """
         spec = _as_spec(spec_or_name)
-        root = sandfork_cache()
-        rootfs_dir = root / "rootfs" / f"{spec.name}-{key16(rootfs_inputs(spec))}"
-        rootfs_manifest = read_manifest(rootfs_dir)
-        if rootfs_manifest is None:
+        roots = template_roots()
+        rootfs_dir = _find_rootfs(roots, spec)
+        if rootfs_dir is None:
             return None
-        boot_dir = _find_boot_dir(root)
+        pinned = (read_manifest(rootfs_dir) or {}).get("boot_key")
+        if isinstance(pinned, str):
+            boot_dir = next(
+                (r / "boot" / pinned for r in roots if read_manifest(r / "boot" / pinned)), None
+            )
+        else:
+            boot_dir = _find_boot_dir(roots)
         if boot_dir is None:
             return None
         return cls._from_dirs(spec, boot_dir, rootfs_dir)
@@ -161,7 +167,33 @@ class BuiltTemplate:
         )
 
 
-def _find_boot_dir(root: Path) -> Path | None:
+def _same_image(inputs: object, wanted: dict[str, Any]) -> bool:
+    """True if ``inputs`` are ``wanted`` but for the apt mirror (which does not change what
+    an image holds: the mirror only matters when building)."""
+    if not isinstance(inputs, dict):
+        return False
+    return {k: v for k, v in inputs.items() if k != "mirror"} == {
+        k: v for k, v in wanted.items() if k != "mirror"
+    }
+
+
+def _find_rootfs(roots: list[Path], spec: TemplateSpec) -> Path | None:
+    """The root image of ``spec``: built here (its key), else an imported one of the same
+    spec, builder and packages."""
+    inputs = rootfs_inputs(spec)
+    name = f"{spec.name}-{key16(inputs)}"
+    for root in roots:
+        if read_manifest(root / "rootfs" / name) is not None:
+            return root / "rootfs" / name
+    for root in roots:
+        for d in sorted((root / "rootfs").glob(f"{spec.name}-*")):
+            m = read_manifest(d)
+            if m is not None and "boot_key" in m and _same_image(m.get("inputs"), inputs):
+                return d
+    return None
+
+
+def _find_boot_dir(roots: list[Path]) -> Path | None:
     try:
         inputs = boot_inputs(allow_update=False)
     except TemplateError:
@@ -169,7 +201,8 @@ def _find_boot_dir(root: Path) -> Path | None:
         # sources will do; take the newest.
         wanted = source_inputs()
         best: tuple[float, Path] | None = None
-        for d in (root / "boot").iterdir():
+        boots = [d for root in roots if (root / "boot").is_dir() for d in (root / "boot").iterdir()]
+        for d in boots:
             m = read_manifest(d)
             if m is None or not isinstance(m.get("inputs"), dict):
                 continue
@@ -178,15 +211,15 @@ def _find_boot_dir(root: Path) -> Path | None:
                 if best is None or at > best[0]:
                     best = (at, d)
         return best[1] if best else None
-    d = root / "boot" / key16(inputs)
-    return d if read_manifest(d) is not None else None
+    key = key16(inputs)
+    return next((r / "boot" / key for r in roots if read_manifest(r / "boot" / key)), None)
 
 
 # --- building ------------------------------------------------------------------------------
 
 
 class _WheelDownload(threading.Thread):
-    """Downloads the spec's wheels (cached in ``wheels/<hash>/``) while debootstrap runs."""
+    """Downloads the spec's wheels (cached in ``wheels/<hash>/``) while the bootstrap runs."""
 
     def __init__(self, root: Path, spec: TemplateSpec, progress: BuildProgress) -> None:
         super().__init__(name="sandfork-wheels", daemon=True)
@@ -230,8 +263,9 @@ def _build_rootfs(
 ) -> Path:
     key = key16(inputs)
     final = root / "rootfs" / f"{spec.name}-{key}"
-    timings: dict[str, float] = {}
+    mode = "unshare" if rootless() else "root"
     manifest: dict[str, Any] = {"kind": "rootfs", "key": key, "name": spec.name, "inputs": inputs}
+    manifest["built_with"] = f"mmdebstrap --mode={mode}"  # not an input: the same image
     wheels = _WheelDownload(root, spec, progress)
     if spec.pip:
         wheels.start()
@@ -239,8 +273,8 @@ def _build_rootfs(
         with Staging(final) as st:
             tree = st.path / "tree"
             packages = list(dict.fromkeys([*REQUIRED_APT, *sorted(set(spec.apt))]))
-            with progress.step(f"Debian {spec.base_image.suite} (debootstrap)") as s:
-                debootstrap(
+            with progress.step(f"Debian {spec.base_image.suite} (mmdebstrap)") as s:
+                bootstrap(
                     tree,
                     suite=spec.base_image.suite,
                     mirror=inputs["mirror"],
@@ -252,41 +286,19 @@ def _build_rootfs(
                 if not (tree / "usr" / "bin" / python).exists():
                     raise TemplateError(f"the {spec.base} tree has no /usr/bin/{python}")
                 s.done(f"{len(packages)} packages and their dependencies")
-            timings["debootstrap"] = round(s.elapsed, 2)
-            with chroot_mounts(tree):
-                with progress.step("CA certificates, pip config, /opt/venv") as s:
-                    added = install_ca_bundle(tree)
-                    write_pip_conf(tree, guest_pip_conf(host_index_urls()))
-                    create_venv(tree)
-                    s.done(f"{added} host CA certificate(s) added")
-                timings["venv"] = round(s.elapsed, 2)
-                if spec.pip:
-                    wheel_dir = wheels.result()
-                    timings["wheels_download"] = wheels.elapsed
-                    with progress.step("Python packages (pip install, offline)") as s:
-                        install_wheels(tree, wheel_dir, spec.pip, s.update)
-                        freeze = run_in_chroot(
-                            tree, ["/opt/venv/bin/pip", "freeze", "--all"], what="pip freeze"
-                        ).stdout.split()
-                        manifest["pip_freeze"] = freeze
-                        s.done(f"{len(freeze)} distributions")
-                    timings["pip_install"] = round(s.elapsed, 2)
-                if spec.files or spec.setup:
-                    with progress.step("Files and setup commands") as s:
-                        write_files(tree, spec.files)
-                        run_setup(tree, spec.setup, s.update)
-                        s.done(f"{len(spec.files)} files, {len(spec.setup)} commands")
-                    timings["setup"] = round(s.elapsed, 2)
-                finalize_tree(tree)
-            with progress.step(f"Disk image ext4 {spec.disk_size_mb} MiB -> qcow2") as s:
-                sizes = make_image(tree, st.path / "rootfs.qcow2", spec.disk_size_mb, s.update)
-                safe_rmtree(tree)
-                s.done(
-                    f"{sizes['tree_bytes'] / 2**20:.0f} MiB of files,"
-                    f" qcow2 {sizes['qcow2_bytes'] / 2**20:.0f} MiB"
-                )
-            timings["image"] = round(s.elapsed, 2)
-            st.commit({**manifest, "sizes": sizes, "timings": timings})
+            bootstrap_seconds = round(s.elapsed, 2)
+            job = RootfsJob(
+                tree=tree,
+                spec=spec,
+                wheels=wheels.result() if spec.pip else None,
+                pip_conf=guest_pip_conf(host_index_urls()),
+                qcow2=st.path / "rootfs.qcow2",
+            )
+            finished = run_finish(job, progress)
+            timings = {"bootstrap": bootstrap_seconds, **finished.pop("timings")}
+            if spec.pip:
+                timings["wheels_download"] = wheels.elapsed
+            st.commit({**manifest, **finished, "timings": timings})
     finally:
         if wheels.is_alive():
             wheels.join()
@@ -307,6 +319,7 @@ def ensure_boot(progress: bool = False) -> Path:
         with build_lock(root, on_wait=lambda: p.note("waiting for another template build...")):
             if read_manifest(final) is not None:
                 return final
+            check_build_host()
             clean_stale(root)
             return build_boot(root, inputs, p)
 
@@ -332,6 +345,7 @@ def ensure_template(
             found = BuiltTemplate.find(spec)
             if found is not None:
                 return found
+            check_build_host()
             clean_stale(root)
             boot_in = boot_inputs(allow_update=True)
             boot_dir = root / "boot" / key16(boot_in)

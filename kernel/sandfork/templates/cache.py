@@ -9,6 +9,10 @@ Layout under ``sandfork.paths.cache_dir()``::
     boot/<key16>/              vmlinuz, vmlinux (PVH), initrd.img, manifest.json
     rootfs/<name>-<key16>/     rootfs.qcow2, manifest.json
 
+Templates installed for every user (``sandfork template import --into``, by root) live in
+the same layout in read-only folders (``shared_template_dirs``), which are searched after
+the user's own cache and never written.
+
 An artifact is built in a sibling ``.tmp-*`` directory; ``manifest.json`` is written last,
 then the directory is renamed into place. Only a directory with a manifest counts as
 built, so an interrupted build (Ctrl-C, SIGKILL) never leaves anything that looks complete,
@@ -44,6 +48,8 @@ __all__ = [
     "hash_key",
     "read_manifest",
     "sandfork_cache",
+    "shared_template_dirs",
+    "template_roots",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,6 +57,8 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 TMP_PREFIX = ".tmp-"
 _AREAS = ("debs", "wheels", "boot", "rootfs")
+SHARED_TEMPLATES = Path("/usr/share/sandfork/templates")
+"""Where templates installed for every user are, unless ``$SANDFORK_TEMPLATE_PATH`` says."""
 
 
 def sandfork_cache() -> Path:
@@ -59,6 +67,23 @@ def sandfork_cache() -> Path:
     for area in _AREAS:
         (root / area).mkdir(parents=True, exist_ok=True)
     return root
+
+
+def shared_template_dirs() -> list[Path]:
+    """Read-only folders of templates installed for every user: ``$SANDFORK_TEMPLATE_PATH``
+    (folders separated by ``:``; empty: none), else ``/usr/share/sandfork/templates``."""
+    value = os.environ.get("SANDFORK_TEMPLATE_PATH")
+    if value is None:
+        return [SHARED_TEMPLATES]
+    return [Path(part).expanduser() for part in value.split(os.pathsep) if part]
+
+
+def template_roots() -> list[Path]:
+    """Where built templates are looked for, in order: the user's cache (created), then
+    each existing shared folder."""
+    own = sandfork_cache()
+    shared = [d for d in shared_template_dirs() if d.is_dir() and d.resolve() != own.resolve()]
+    return [own, *shared]
 
 
 def hash_key(inputs: Any) -> str:

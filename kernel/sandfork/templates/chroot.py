@@ -20,6 +20,7 @@ from .errors import TemplateError
 from .proc import Result, run
 
 __all__ = [
+    "DEV_NODES",
     "chroot_env",
     "chroot_mounts",
     "kill_processes_using",
@@ -125,7 +126,9 @@ def safe_rmtree(path: Path, *, kill_users: bool = False) -> None:
     """Remove ``path`` recursively, first unmounting anything mounted inside it.
 
     With ``kill_users``, processes still working inside it are killed first (only for
-    directories no live build owns: stale leftovers, or our own failed build).
+    directories no live build owns: stale leftovers, or our own failed build). A tree an
+    ordinary user's build left owned by its subordinate ids is removed from inside a user
+    namespace.
     """
     if not os.path.lexists(path):
         return
@@ -140,7 +143,14 @@ def safe_rmtree(path: Path, *, kill_users: bool = False) -> None:
         raise TemplateError(
             f"refusing to delete {path}: still mounted inside it: {', '.join(map(str, left))}"
         )
-    shutil.rmtree(path)
+    try:
+        shutil.rmtree(path)
+    except PermissionError:
+        if os.geteuid() == 0:
+            raise
+        from .userns import remove_tree
+
+        remove_tree(path)
 
 
 def chroot_env() -> dict[str, str]:
@@ -158,16 +168,38 @@ def chroot_env() -> dict[str, str]:
     return env
 
 
+#: Device nodes bound into a tree that has none (made in a user namespace, which cannot
+#: create device nodes); the image needs none (the guest's init mounts devtmpfs).
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
 @contextmanager
 def chroot_mounts(tree: Path) -> Iterator[None]:
-    """Mount ``/proc`` in ``tree`` for the duration; always unmounted afterwards."""
+    """Mount ``/proc`` in ``tree`` for the duration, and bind the host's ``DEV_NODES`` over
+    any the tree lacks; always unmounted (and placeholders removed) afterwards."""
     proc_dir = tree / "proc"
     proc_dir.mkdir(exist_ok=True)
+    bound: list[Path] = []
+    made: list[Path] = []
     run(["mount", "-t", "proc", "proc", str(proc_dir)], what="mounting /proc in the chroot")
     try:
+        for name in DEV_NODES:
+            node = tree / "dev" / name
+            if os.path.lexists(node):
+                if node.is_char_device():
+                    continue
+                node.unlink()  # not a node: replaced by one for the build
+            node.parent.mkdir(exist_ok=True)
+            node.touch()
+            made.append(node)
+            run(["mount", "--bind", f"/dev/{name}", str(node)], what=f"binding /dev/{name}")
+            bound.append(node)
         yield
     finally:
-        unmount_all_under(proc_dir)
+        for path in [*bound, proc_dir]:
+            unmount_all_under(path)
+        for node in made:
+            node.unlink(missing_ok=True)
 
 
 def run_in_chroot(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -14,10 +15,20 @@ from typing import IO
 
 from .errors import TemplateError
 
-__all__ = ["TAIL_LINES", "Result", "format_failure", "run"]
+__all__ = ["TAIL_LINES", "Result", "format_failure", "run", "tool_path"]
 
 #: How many lines of a failed command's output go into the error message.
 TAIL_LINES = 40
+
+
+_SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+def tool_path() -> str:
+    """``$PATH`` with the sbin folders added at its end (an ordinary user's ``PATH`` lacks
+    them, and ``mke2fs``, ``e2fsck`` and ``depmod`` live there)."""
+    parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([*parts, *(d for d in _SBIN if d not in parts)])
 
 
 @dataclass(frozen=True)
@@ -108,11 +119,15 @@ def run(
     """
     argv = [str(a) for a in args]
     label = what or argv[0]
+    env = {**(os.environ if env is None else env)}
+    if env.get("PATH") in (None, os.environ.get("PATH")):
+        env["PATH"] = tool_path()
+    program = shutil.which(argv[0], path=env["PATH"]) or argv[0]
     try:
         proc = subprocess.Popen(
-            argv,
+            [program, *argv[1:]],
             cwd=cwd,
-            env=dict(env) if env is not None else None,
+            env=env,
             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""The root filesystem: debootstrap, CA bundle, venv, wheels, files, setup, ext4 image.
+"""The root filesystem: mmdebstrap, CA bundle, venv, wheels, files, setup, ext4 image.
 
 Every function works on a directory ``tree`` being built; the builder calls them in order,
 with ``/proc`` mounted in the tree (``chroot.chroot_mounts``) for the chroot steps.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -15,12 +16,13 @@ from pathlib import Path
 from .chroot import run_in_chroot, safe_rmtree
 from .errors import TemplateError
 from .proc import run
+from .userns import rootless
 
 __all__ = [
     "HOST_CA_BUNDLE",
     "REQUIRED_APT",
+    "bootstrap",
     "create_venv",
-    "debootstrap",
     "finalize_tree",
     "install_ca_bundle",
     "install_wheels",
@@ -49,7 +51,7 @@ def _in_tree(tree: Path, guest_path: str) -> Path:
     return tree / guest_path.lstrip("/")
 
 
-def debootstrap(
+def bootstrap(
     tree: Path,
     *,
     suite: str,
@@ -58,25 +60,37 @@ def debootstrap(
     cache: Path,
     on_line: OnLine = None,
 ) -> None:
-    """``debootstrap --variant=minbase`` of ``suite`` into ``tree`` with ``packages``.
+    """``mmdebstrap --variant=minbase`` of ``suite`` into ``tree`` with ``packages``.
 
-    Downloaded packages are kept in ``cache`` (``--cache-dir``), so rebuilds download less.
+    As root the tree is root's (``--mode=root``); as anyone else it is made in a user
+    namespace (``--mode=unshare``) and owned by the caller's subordinate ids, so the later
+    steps must run in one too (see ``stage``). Downloaded packages are kept in ``cache``
+    (copied in before, out after), so a rebuild downloads only what changed.
     """
-    if os.geteuid() != 0:
-        raise TemplateError("building a root filesystem needs root (debootstrap, chroot)")
+    mode = "unshare" if rootless() else "root"
+    cache = cache.resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    archives = "/var/cache/apt/archives"
     run(
         [
-            "debootstrap",
+            "mmdebstrap",
+            f"--mode={mode}",
             "--variant=minbase",
+            "--format=directory",
             f"--include={','.join(packages)}",
-            f"--cache-dir={cache.resolve()}",
+            "--skip=essential/unlink",  # keep the essential .debs for the cache too
+            f'--setup-hook=mkdir -p "$1"{archives}/',
+            f"--setup-hook=sync-in {shlex.quote(str(cache))} {archives}/",
+            f"--customize-hook=sync-out {archives} {shlex.quote(str(cache))}",
             suite,
             str(tree),
             mirror,
         ],
-        what="debootstrap",
+        what=f"mmdebstrap --mode={mode}",
         on_line=on_line,
     )
+    for leftover in ("lock", "partial"):  # apt's own, copied out with the packages
+        safe_rmtree(cache / leftover)
 
 
 def _pem_bodies(text: str) -> list[str]:
@@ -245,8 +259,9 @@ def make_image(tree: Path, qcow2: Path, size_mb: int, on_line: OnLine = None) ->
                 "0",
                 # Initialise inode tables and journal now, so the guest kernel's lazy init
                 # does not write to every sandbox's disk overlay.
+                # root_owner: / is root's also when mke2fs runs in a user namespace.
                 "-E",
-                "lazy_itable_init=0,lazy_journal_init=0",
+                "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0",
                 str(raw),
                 f"{size_mb}M",
             ],
