@@ -106,18 +106,20 @@ def test_damaged_captures_are_rebuilt(
     first = Sandbox.create(client=own)  # from the intact copy: no rebuild
     try:
         assert _capture_dirs(captures) == {gen0.name: True}
+        from_first = Sandbox.create(from_snapshot=first.snapshot(), client=own)
 
-        # A truncated memory image fails the size check: the capture is rebuilt.
-        with (gen0 / "memory.img").open("r+b") as f:
-            f.truncate(2**20)
+        # A short memory image (a damaged copy put in its place: running VMs keep mapping
+        # the one they started from) fails the size check: the capture is rebuilt.
+        short = gen0 / "memory.short"
+        short.write_bytes((gen0 / "memory.img").read_bytes()[: 2**20])
+        short.replace(gen0 / "memory.img")
         rebuilt = Sandbox.create(client=own)
         rebuilt.kill()
         gen1 = captures / f"{stem}.1"
         assert _capture_dirs(captures) == {gen0.name: False, gen1.name: True}
-        # the discarded capture keeps only the disk that sandboxes made from it stand on
-        assert sorted(p.name for p in gen0.iterdir()) == ["disk.qcow2"]
+        # the discarded capture keeps only the disk and memory sandboxes made from it map
+        assert sorted(p.name for p in gen0.iterdir()) == ["disk.qcow2", "memory.img"]
         assert first.exec("echo still").stdout == "still\n"
-        from_first = Sandbox.create(from_snapshot=first.snapshot(), client=own)
         assert from_first.exec("echo restored").stdout == "restored\n"
         from_first.kill()
 

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.vm
 Operation = Callable[[Sandbox, str], object]
 OPERATIONS: dict[str, Operation] = {
     "start.spawned": lambda sb, snap: Sandbox.create(from_snapshot=snap, client=sb.client),
+    "snapshot.memory": lambda sb, snap: sb.snapshot("doomed"),
     "snapshot.frozen": lambda sb, snap: sb.snapshot("doomed"),
     "snapshot.written": lambda sb, snap: sb.snapshot("doomed"),
     "fork.captured": lambda sb, snap: sb.fork(),
@@ -37,9 +38,12 @@ def test_every_crash_point_is_tested() -> None:
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_engine_killed_inside_an_operation(own_engine: EngineProcess, point: str) -> None:
-    sandbox = Sandbox.create(client=own_engine.client())
-    digest = make_state(sandbox, seed=len(point))
-    first = sandbox.snapshot("before")
+    original = Sandbox.create(client=own_engine.client())
+    digest = make_state(original, seed=len(point))
+    first = original.snapshot("before")
+    original.kill()
+    # The sandbox worked on is a restored one: its memory is a chain over the snapshot's.
+    sandbox = Sandbox.create(from_snapshot=first, client=own_engine.client())
 
     own_engine.stop()
     own_engine.env["SANDFORK_CRASH_AT"] = point

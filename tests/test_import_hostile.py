@@ -470,7 +470,9 @@ def test_engine_imports_under_a_new_id(
     assert "/elsewhere" not in json.dumps(row)  # kernel and initrd are the local template's
     snap_dir = bare_engine.home / "snapshots" / snap["id"]
     assert (snap_dir / "attachments" / "notebook.ipynb").read_bytes() == b'{"cells": []}'
-    (layer_path,) = (bare_engine.home / "layers").iterdir()
+    (layer_path,) = (bare_engine.home / "layers").glob("*.qcow2")
+    (memory,) = (bare_engine.home / "layers").glob("*.mem")  # a full image of the guest's RAM
+    assert memory.stat().st_size == 256 * 2**20
     chain = IMAGES.backing_chain(layer_path)
     assert Path("/etc/passwd") not in chain and chain[-1].name == "rootfs.qcow2"
     assert list((bare_engine.home / "tmp").iterdir()) == []

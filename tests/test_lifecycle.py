@@ -171,11 +171,11 @@ def test_kill_leaves_nothing_behind(engine: EngineProcess) -> None:
     sb = Sandbox.create(client=client)
     directory = Path(engine.home) / "sandboxes" / sb.id
     disk = Path(client.request("GET", f"/sandboxes/{sb.id}")["disk"])
-    ram = engine.ram_dir / f"{sb.id}.ram"
-    assert directory.is_dir() and disk.exists() and ram.exists()
+    qmp = engine.ram_dir / f"{sb.id}.qmp"  # its sockets live in the RAM folder
+    assert directory.is_dir() and disk.exists() and qmp.exists()
     pids_before = set(engine.qemu_pids())
     sb.kill()  # returns once the VM is gone
-    assert not directory.exists() and not disk.exists() and not ram.exists()
+    assert not directory.exists() and not disk.exists() and not qmp.exists()
     assert len(set(engine.qemu_pids()) - pids_before) == 0
     assert len(engine.qemu_pids()) == len(pids_before) - 1
     with pytest.raises(NotFoundError):

@@ -45,7 +45,7 @@ def test_vm_that_dies_is_reported_dead(engine: EngineProcess) -> None:
     while sb.refresh().status != "dead" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert sb.status == "dead"
-    assert not (engine.ram_dir / f"{sb.id}.ram").exists()  # a dead VM's RAM is released
+    assert not (engine.ram_dir / f"{sb.id}.qmp").exists()  # a dead VM's files are released
     with pytest.raises(ConflictError, match="not running"):
         sb.exec("true")
     info = client.request("GET", f"/sandboxes/{sb.id}")

@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from peers.held import HELD
 from sandfork.paths import cache_dir
 
 # The holder leads its own session: CRIU refuses a tree whose session leader is outside its
@@ -19,7 +20,7 @@ from sandfork.paths import cache_dir
 HOLD = (
     "import os; os.setsid()\n"
     "import numpy as np, time\n"
-    "held = np.full({n}, 7, dtype=np.uint8)\n"
+    f"held = {HELD}\n"
     "open({ready!r}, 'w').close()\n"
     "time.sleep(10**6)\n"
 )

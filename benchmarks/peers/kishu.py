@@ -17,6 +17,7 @@ from pathlib import Path
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpec
 
+from peers.held import HELD
 from sandfork.paths import cache_dir
 
 NOTEBOOK = '{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'
@@ -68,7 +69,7 @@ def kishu_peer(size: int, runs: int) -> dict[str, float]:
             return time.perf_counter() - start
 
         run(f"from kishu import init_kishu; init_kishu({str(notebook)!r})")
-        run(f"import numpy as np\nheld = np.full({size}, 7, dtype=np.uint8)")
+        run(f"import numpy as np\nheld = {HELD.format(n=size)}")
         commits, checkouts = [], []
         for i in range(runs):
             run(f"_commit = str(_kishu.commit()).strip()  # {i}")
@@ -76,7 +77,7 @@ def kishu_peer(size: int, runs: int) -> dict[str, float]:
             # changed array (the assignment itself takes microseconds).
             commits.append(run("held[0] = 9"))
             checkouts.append(run("_kishu.checkout(_commit, skip_notebook=True)"))
-            run("assert held[0] == 7, 'the checkout did not bring the array back'")
+            run("assert held[0] == 0, 'the checkout did not bring the array back'")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -13,6 +13,7 @@ import signal
 
 CRASH_POINTS = (
     "start.spawned",  # QEMU runs, its pid is recorded, the guest is not up yet
+    "snapshot.memory",  # the VM runs on; its memory layer is half written
     "snapshot.frozen",  # the VM's disk layer is frozen, its record still names the old one
     "snapshot.written",  # the capture is complete in its staging folder, not yet listed
     "fork.captured",  # the fork's capture is listed (hidden), no child started yet

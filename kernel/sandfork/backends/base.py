@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +31,15 @@ class DiskImages(Protocol):
         safe to use as a layer of a disk of at most ``max_virtual_size`` bytes."""
 
 
+@dataclass(frozen=True)
+class Captured:
+    """How a capture went: how long the sandbox was paused, and the memory layer the new
+    one lies over (``None``: the new layer stands alone)."""
+
+    paused: float
+    memory_backing: Path | None
+
+
 class Instance(Protocol):
     """One running sandbox as a backend sees it."""
 
@@ -48,9 +58,13 @@ class Instance(Protocol):
     async def disk_chain(self) -> list[Path]:
         """The sandbox's disk as it really is open now: the written layer first."""
 
-    async def snapshot(self, dest: Path, new_disk: Path) -> float:
-        """Capture the running sandbox into ``dest`` (its disk layer freezes, later writes
-        go to ``new_disk``); return how long it was paused, in seconds."""
+    async def snapshot(
+        self, dest: Path, new_disk: Path, new_memory: Path, memory: list[Path]
+    ) -> Captured:
+        """Capture the running sandbox: its device state into ``dest``, its disk (the
+        layer freezes, later writes go to ``new_disk``) and its memory into ``new_memory``,
+        stored as what changed since ``memory`` (the memory chain, top first, that the
+        sandbox matched when it started or was last captured; empty: it booted)."""
 
     async def destroy(self) -> None:
         """Stop the sandbox and delete everything it owns but its disk."""
@@ -64,6 +78,10 @@ class Backend(Protocol):
     @property
     def images(self) -> DiskImages:
         """Its disk images."""
+
+    def flatten_memory(self, chain: list[Path], out: Path, memory_mb: int) -> None:
+        """Write the memory of a ``memory_mb`` guest that ``chain`` describes as one full
+        image at ``out``."""
 
     def machine_key(self) -> str:
         """What saved sandbox states depend on besides their spec (the hypervisor's build
@@ -93,13 +111,15 @@ class Backend(Protocol):
         self,
         spec: dict[str, Any],
         snapshot: Path,
+        memory: list[Path],
         directory: Path,
         disk: Path,
         spawned: Callable[[int], None] | None = None,
         *,
         host_access: bool = False,
     ) -> Instance:
-        """Start a sandbox resuming the snapshot in ``snapshot`` on ``disk``."""
+        """Start a sandbox resuming the snapshot in ``snapshot`` on ``disk``, its memory
+        the chain ``memory`` (top first)."""
 
     async def adopt(self, directory: Path, disk: Path, pid: int) -> Instance:
         """Re-attach to a sandbox an earlier engine process started."""

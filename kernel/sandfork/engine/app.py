@@ -141,7 +141,9 @@ async def serve(config: EngineConfig) -> None:
     # path, named in the command line of the VMs it adopts. In the RAM folder: a short path.
     egress = EgressProxy(ram / "egress.sock", exempting(config.egress_allow))
     await egress.start()
-    backend = VmBackend(ram, config.accelerator, config.boot_timeout, egress.path)
+    backend = VmBackend(
+        ram, config.accelerator, config.boot_timeout, egress.path, copy_memory=config.copy_memory
+    )
     captures_dir = Path(config.boot_capture_dir or cache_dir() / "boot-captures")
     captures = BootCaptures(captures_dir, backend) if config.boot_captures else None
     services = EngineServices.build(
@@ -154,7 +156,6 @@ async def serve(config: EngineConfig) -> None:
             max_sandboxes=config.max_sandboxes,
             max_total_memory_mb=config.max_total_memory_mb,
             snapshot_quota_mb=config.snapshot_quota_mb,
-            ram_dir=ram,
             snapshots_dir=home,
         ),
         Bounds(

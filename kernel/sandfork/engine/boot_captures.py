@@ -7,8 +7,9 @@ them; a capture is built under a temporary name and renamed into place when comp
 
 A capture is checked before use against its manifest (every file's size, a checksum of the
 device state); a damaged one, or one a restore fails from, is discarded and built again once.
-Its ``disk.qcow2`` is the backing file of every sandbox made from it (by path), so a discarded
-capture keeps that file where it is and the rebuild goes to the next generation's directory
+Its ``disk.qcow2`` and ``memory.img`` are the bottom layers of every sandbox made from it (by
+path: sandboxes map the memory image copy-on-write), so a discarded capture keeps both files
+where they are and the rebuild goes to the next generation's directory
 (``<template>-<key>``, then ``<template>-<key>.1``, ...).
 """
 
@@ -19,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,24 +32,24 @@ from sandfork.templates import BuiltTemplate
 
 log = logging.getLogger(__name__)
 
-CaptureFn = Callable[[dict[str, Any], Path, Path], Awaitable[None]]
-"""Boots a VM of a spec on a disk and snapshots it into a directory."""
-
 T = TypeVar("T")
 
 MANIFEST = "manifest.json"
 DISK = "disk.qcow2"
+MEMORY = "memory.img"
 CHECKSUMMED = "devices.state"
 
 
 @dataclass(frozen=True)
 class Capture:
-    """What a sandbox starts from: a snapshot directory (or ``None`` to boot), its VM spec
-    and its disk (the frozen layer of the snapshot, or the disk to boot)."""
+    """What a sandbox starts from: a snapshot directory (or ``None`` to boot), its VM spec,
+    its disk (the frozen layer of the snapshot, or the disk to boot) and its memory chain
+    (top first; empty to boot)."""
 
     dir: Path | None
     spec: dict[str, Any]
     disk: Path
+    memory: list[Path]
 
 
 def _generations(root: Path, stem: str) -> list[tuple[int, Path]]:
@@ -76,24 +78,21 @@ class BootCaptures:
         self,
         built: BuiltTemplate,
         spec: dict[str, Any],
-        capture: CaptureFn,
         use: Callable[[Capture], Awaitable[T]],
     ) -> T:
         """``use`` the capture for ``built`` with ``spec``; if that fails, discard the capture
         and ``use`` a rebuilt one (once: a second failure is not the capture's fault)."""
-        current = await self.ensure(built, spec, capture)
+        current = await self.ensure(built, spec)
         try:
             return await use(current)
         except Exception as e:
             assert current.dir is not None
             log.warning("starting from boot capture %s failed (%s): rebuilding it", current.dir, e)
             self.discard(current.dir)
-        return await use(await self.ensure(built, spec, capture))
+        return await use(await self.ensure(built, spec))
 
-    async def ensure(
-        self, built: BuiltTemplate, spec: dict[str, Any], capture: CaptureFn
-    ) -> Capture:
-        """The capture for ``built`` with ``spec``, made with ``capture`` if missing or bad."""
+    async def ensure(self, built: BuiltTemplate, spec: dict[str, Any]) -> Capture:
+        """The capture for ``built`` with ``spec``, made first if missing or bad."""
         key = self.key(built, spec)
         stem = f"{built.name}-{key}"
         async with self._locks.setdefault(key, asyncio.Lock()):
@@ -106,8 +105,8 @@ class BootCaptures:
             if final is None:
                 generation = dirs[-1][0] + 1 if dirs else 0
                 final = self.root / (f"{stem}.{generation}" if generation else stem)
-                await self._build(built, spec, capture, key, final)
-        return Capture(final, spec, final / DISK)
+                await self._build(built, spec, key, final)
+        return Capture(final, spec, final / DISK, [final / MEMORY])
 
     @staticmethod
     def checksum(path: Path) -> str:
@@ -130,6 +129,7 @@ class BootCaptures:
                     return False
             return bool(
                 DISK in sizes
+                and MEMORY in sizes
                 and CHECKSUMMED in sizes
                 and cls.checksum(directory / CHECKSUMMED) == manifest["sha256"][CHECKSUMMED]
             )
@@ -137,17 +137,18 @@ class BootCaptures:
             return False
 
     def discard(self, directory: Path) -> None:
-        """Unlist a capture and free its state; its disk stays for the sandboxes over it."""
+        """Unlist a capture and free its state; its disk and memory image stay for the
+        sandboxes and snapshots over them."""
         (directory / MANIFEST).unlink(missing_ok=True)
         for path in list(directory.iterdir()) if directory.is_dir() else []:
-            if path.name != DISK:
+            if path.name not in (DISK, MEMORY):
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
 
     async def _build(
-        self, built: BuiltTemplate, spec: dict[str, Any], capture: CaptureFn, key: str, final: Path
+        self, built: BuiltTemplate, spec: dict[str, Any], key: str, final: Path
     ) -> None:
         staging = self.root / f".tmp-{key}-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
@@ -155,7 +156,7 @@ class BootCaptures:
         try:
             disk = staging / DISK
             await asyncio.to_thread(self.backend.images.create_overlay, built.rootfs, disk)
-            await capture(spec, disk, staging)
+            await self._boot_and_capture(spec, disk, staging)
             files = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
             checksum = await asyncio.to_thread(self.checksum, staging / CHECKSUMMED)
             manifest = {"template": built.name, "template_key": built.key, "spec": spec}
@@ -168,3 +169,14 @@ class BootCaptures:
                     raise  # not another process winning the race: a real failure
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    async def _boot_and_capture(self, spec: dict[str, Any], disk: Path, dest: Path) -> None:
+        """Cold-boot a VM on ``disk``, start its default kernel, and capture it into ``dest``."""
+        # Named uniquely: its RAM file and sockets share the engine's RAM folder.
+        instance = await self.backend.create(spec, dest / f"boot-{secrets.token_hex(6)}", disk)
+        try:
+            await instance.agent.request("ctx.create", {"isolated": False}, wait=300)
+            await instance.snapshot(dest, dest / "scratch.qcow2", dest / MEMORY, [])
+        finally:
+            await instance.destroy()
+            (dest / "scratch.qcow2").unlink(missing_ok=True)

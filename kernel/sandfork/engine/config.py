@@ -41,6 +41,12 @@ class EngineConfig(LoggingConfigurable):
         help="Create sandboxes by restoring a boot capture of their template "
         "(made on first use, cached) instead of booting each one.",
     ).tag(config=True)
+    copy_memory = Bool(
+        False,
+        help="Copy guest memory whole at every capture (while the sandbox is paused) and "
+        "every restore, instead of mapping snapshot images copy-on-write and storing what "
+        "changed: the way before copy-on-write memory, kept to measure against.",
+    ).tag(config=True)
     boot_capture_dir = Unicode(
         "",
         help="Directory of the boot captures (default: "
@@ -48,7 +54,8 @@ class EngineConfig(LoggingConfigurable):
     ).tag(config=True)
     ram_dir = Unicode(
         "",
-        help="Folder of this engine's guest RAM files and fork captures (default: "
+        help="Folder of this engine's VM sockets, booting VMs' zeroed RAM files and fork "
+        "captures' device state (default: "
         "$SANDFORK_RAM_DIR, else a folder of its own in /dev/shm).",
     ).tag(config=True)
     max_sandboxes = Int(64, help="Most sandboxes running (or starting) at once.").tag(config=True)

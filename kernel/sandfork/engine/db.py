@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     vm TEXT NOT NULL,
     boot_mode TEXT NOT NULL DEFAULT 'cold',
     host_access INTEGER NOT NULL DEFAULT 0,
-    lease_seconds REAL
+    lease_seconds REAL,
+    memory TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
@@ -51,7 +52,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
     paused_ms INTEGER NOT NULL DEFAULT 0,
     hidden INTEGER NOT NULL DEFAULT 0,
     metadata TEXT NOT NULL DEFAULT '{}',
-    attachments TEXT NOT NULL DEFAULT '[]'
+    attachments TEXT NOT NULL DEFAULT '[]',
+    memory TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS ledger (
     sandbox_id TEXT NOT NULL,
@@ -101,6 +103,7 @@ class SandboxRecord:
     boot_mode: str = "cold"
     host_access: bool = False  # the guest may reach the host's network (opt-in)
     lease_seconds: float | None = None  # killed when its holder stops renewing for this long
+    memory: str = ""  # the memory layer its RAM matched when started or last captured
 
     def to_api(self) -> dict[str, Any]:
         """The sandbox as the HTTP API shows it (PandaStack's shape plus our fields)."""
@@ -146,8 +149,13 @@ class Database:
             "snapshots": {
                 "metadata": "TEXT NOT NULL DEFAULT '{}'",
                 "attachments": "TEXT NOT NULL DEFAULT '[]'",
+                "memory": "TEXT NOT NULL DEFAULT ''",
             },
-            "sandboxes": {"host_access": "INTEGER NOT NULL DEFAULT 0", "lease_seconds": "REAL"},
+            "sandboxes": {
+                "host_access": "INTEGER NOT NULL DEFAULT 0",
+                "lease_seconds": "REAL",
+                "memory": "TEXT NOT NULL DEFAULT ''",
+            },
         }
         for table, columns in added.items():
             have = {row["name"] for row in self._conn.execute(f"PRAGMA table_info({table})")}
@@ -207,7 +215,7 @@ class Database:
         return [_snapshot(row) for row in rows]
 
     def add_layer(self, path: str, backing: str) -> None:
-        """Record a disk layer and the image it is an overlay of."""
+        """Record a layer and the one it lies over (``""``: it stands alone)."""
         self._conn.execute("INSERT OR REPLACE INTO layers VALUES (?, ?)", (path, backing))
 
     def delete_layer(self, path: str) -> None:
@@ -215,17 +223,18 @@ class Database:
         self._conn.execute("DELETE FROM layers WHERE path = ?", (path,))
 
     def layers(self) -> dict[str, str]:
-        """Every disk layer, mapped to the image it is an overlay of."""
+        """Every layer (disk or memory), mapped to the one it lies over."""
         return dict(self._conn.execute("SELECT path, backing FROM layers").fetchall())
 
 
 @dataclass
 class SnapshotRecord(SnapshotInfo):
     """A snapshot as the engine keeps it: what the API shows (:class:`SnapshotInfo`), plus
-    where it lives (a frozen disk layer; device state and memory image in its folder), the
+    where it lives (a frozen disk layer, a memory layer, device state in its folder), the
     VM it restores into, and whether it is a fork's hidden capture."""
 
     disk: str = ""
+    memory: str = ""
     vm: dict[str, Any] = field(default_factory=dict)
     hidden: bool = False
 

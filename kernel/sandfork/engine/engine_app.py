@@ -120,6 +120,10 @@ class SandforkEngineApp(Application):
             {"EngineConfig": {"boot_captures": False}},
             "Boot every sandbox instead of restoring its template's boot capture.",
         ),
+        "copy-memory": (
+            {"EngineConfig": {"copy_memory": True}},
+            "Copy guest memory whole at every capture and restore (for comparison only).",
+        ),
         "allow-host-access": (
             {"EngineConfig": {"allow_host_access": True}},
             "Let sandboxes created with host_access reach the host's loopback and private "

@@ -18,17 +18,13 @@ initrd, backing files), the local ones are used.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
-import zstandard
-
+from sandfork import archive
 from sandfork.backends.base import DiskImages
 from sandfork.engine.db import SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest
@@ -57,48 +53,21 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 
-_CHUNK = 1 << 20
-_BLOCK = 1 << 16  # granularity of the zero test of sparse writes
-_ZEROS = bytes(_BLOCK)
-_MAX_WINDOW = 1 << 27  # zstd's default window limit; a frame asking for more is refused
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class _Hashing:
-    """A reader that hashes what passes through it."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw = raw
-        self.sha256 = hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.sha256.update(data)
-        return data
-
-
-def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)  # no owner, times or modes of this host in the file
-    info.size, info.mode = size, 0o644
-    return info
-
-
-def export_snapshot(snap: SnapshotRecord, snap_dir: Path, out: Path, images: DiskImages) -> None:
-    """Write ``snap`` (its files in ``snap_dir``) to ``out``, manifest first."""
+def export_snapshot(
+    snap: SnapshotRecord, snap_dir: Path, memory: Path, out: Path, images: DiskImages
+) -> None:
+    """Write ``snap`` (its files in ``snap_dir``, its memory as the full image ``memory``)
+    to ``out``, manifest first."""
     chain = images.backing_chain(Path(snap.disk))
     rootfs = chain[-1]  # the template's root image, which the importing machine builds itself
     layers = list(reversed(chain[:-1]))
-    files = {"devices.state": snap_dir / "devices.state", "memory.img": snap_dir / "memory.img"}
+    files = {"devices.state": snap_dir / "devices.state", "memory.img": memory}
     files |= {f"layer{i}.qcow2": layer for i, layer in enumerate(layers)}
     files |= {ATTACHMENT_PREFIX + a: snap_dir / ATTACHMENTS / a for a in snap.attachments}
-    members = {n: {"size": p.stat().st_size, "sha256": _sha256(p)} for n, p in files.items()}
+    sizes = {name: path.stat().st_size for name, path in files.items()}
+    sums = {name: archive.sha256_file(path) for name, path in files.items()}
+    members = {name: {"size": sizes[name], "sha256": sums[name]} for name in files}
     manifest = {
         "format": FORMAT,
         "snapshot": {k: getattr(snap, k) for k in sorted(SNAPSHOT_FIELDS)},
@@ -108,39 +77,16 @@ def export_snapshot(snap: SnapshotRecord, snap_dir: Path, out: Path, images: Dis
         "members": members,
     }
     data = json.dumps(manifest, indent=1).encode()
-    with (
-        out.open("wb") as raw,
-        zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(raw) as compressed,
-        tarfile.open(fileobj=compressed, mode="w|") as tar,
-    ):
-        tar.addfile(_tarinfo(MANIFEST, len(data)), io.BytesIO(data))
-        for name, path in files.items():
-            with path.open("rb") as f:
-                reader = _Hashing(f)
-                tar.addfile(_tarinfo(name, members[name]["size"]), reader)  # type: ignore[arg-type]
-            if reader.sha256.hexdigest() != members[name]["sha256"]:
-                raise ApiError(f"{name} of snapshot {snap.id} changed while it was exported", 409)
+    try:
+        with archive.open_writer(out) as tar:
+            archive.add_bytes(tar, MANIFEST, data)
+            for name, path in files.items():
+                archive.add_file(tar, name, path, sizes[name], sums[name])
+    except archive.ArchiveError as e:
+        raise ApiError(f"snapshot {snap.id} could not be exported: {e}", 409) from e
 
 
 # --- unpacking -----------------------------------------------------------------------------
-
-
-def _write_sparse(source: IO[bytes], path: Path, size: int) -> str:
-    """Copy ``size`` bytes to the new file ``path``, seeking over zero blocks; their SHA-256."""
-    digest = hashlib.sha256()
-    written = 0
-    with path.open("xb") as dest:
-        while written < size and (chunk := source.read(min(_CHUNK, size - written))):
-            digest.update(chunk)
-            for start in range(0, len(chunk), _BLOCK):
-                block = chunk[start : start + _BLOCK]
-                if block == _ZEROS[: len(block)]:
-                    dest.seek(len(block), io.SEEK_CUR)
-                else:
-                    dest.write(block)
-            written += len(chunk)
-        dest.truncate(written)
-    return digest.hexdigest()
 
 
 def unpack(
@@ -156,16 +102,10 @@ def unpack(
     member is written, and may refuse it (a quota, say) by raising.
     """
     try:
-        with (
-            file.open("rb") as raw,
-            zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW).stream_reader(
-                raw, read_across_frames=True
-            ) as decompressed,
-            tarfile.open(fileobj=decompressed, mode="r|") as tar,
-        ):
+        with archive.open_reader(file) as tar:
             return _extract(tar, staging, limits, admit)
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
-        raise BadRequest(f"the snapshot file is corrupted or truncated: {e}") from e
+    except archive.ArchiveError as e:
+        raise BadRequest(f"the snapshot {e}") from e
     except OSError as e:
         raise ApiError(f"could not store the imported snapshot: {e.strerror or e}", 507) from e
 
@@ -189,7 +129,7 @@ def _extract(
                 )
             if member.size > MAX_MANIFEST_BYTES:
                 raise BadRequest("the snapshot file's manifest is too large")
-            manifest = parse_manifest(_member(tar, member).read(), limits)
+            manifest = parse_manifest(archive.member_reader(tar, member).read(), limits)
             if admit is not None:
                 admit(manifest)
             continue
@@ -198,7 +138,7 @@ def _extract(
         size, sha256 = manifest.members[name]
         if member.size != size:  # checked before a byte is written: no bombs
             raise BadRequest(f"the snapshot file is corrupted: {name} is not of its listed size")
-        if _write_sparse(_member(tar, member), staging / name, size) != sha256:
+        if archive.copy_member(tar, member, staging / name, size) != sha256:
             raise BadRequest(f"the snapshot file is corrupted: checksum mismatch in {name}")
         staged.add(name)
     if manifest is None:
@@ -207,12 +147,6 @@ def _extract(
     if missing:
         raise BadRequest(f"the snapshot file is truncated: {missing[0]} is incomplete")
     return manifest
-
-
-def _member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
-    source = tar.extractfile(member)
-    assert source is not None  # a regular file
-    return source
 
 
 # --- layers --------------------------------------------------------------------------------

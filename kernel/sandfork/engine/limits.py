@@ -1,4 +1,4 @@
-"""What the engine may take of the machine: sandboxes, their memory, scratch RAM and disk.
+"""What the engine may take of the machine: sandboxes, their memory, and disk.
 
 Every check runs before the work starts, so a request that would not fit (a ``fork_tree`` of
 16 children, say) is refused with a message naming the limit instead of failing half-way.
@@ -34,7 +34,6 @@ class Limits:
     max_sandboxes: int
     max_total_memory_mb: int  # 0: four times the machine's memory (guests rarely touch all)
     snapshot_quota_mb: int  # 0: only the free disk space limits snapshots
-    ram_dir: Path
     snapshots_dir: Path
 
     @property
@@ -42,12 +41,9 @@ class Limits:
         """The cap on the memory of all running sandboxes together."""
         return self.max_total_memory_mb or 4 * physical_memory_mb()
 
-    def check_start(self, running: list[int], count: int, memory_mb: int, ram_bytes: int) -> None:
-        """Refuse ``count`` new sandboxes of ``memory_mb`` each when they would not fit.
-
-        ``running`` lists the memory of the sandboxes that run or are starting; ``ram_bytes``
-        is what each new one writes to the RAM folder at once (its memory image's data).
-        """
+    def check_start(self, running: list[int], count: int, memory_mb: int) -> None:
+        """Refuse ``count`` new sandboxes of ``memory_mb`` each when they would not fit
+        (``running`` lists the memory of the sandboxes that run or are starting)."""
         if len(running) + count > self.max_sandboxes:
             raise LimitExceeded(
                 f"this would make {len(running) + count} sandboxes; the engine's limit is "
@@ -59,7 +55,6 @@ class Limits:
                 f"this would give running sandboxes {total} MiB of memory in all; the engine's "
                 f"limit is {self.total_memory_mb} MiB (kill some, or raise max_total_memory_mb)"
             )
-        self._check_free(self.ram_dir, count * ram_bytes, "the RAM folder")
 
     def check_snapshot(self, stored_bytes: int, estimate: int) -> None:
         """Refuse a snapshot of about ``estimate`` bytes past the quota or the free disk."""

@@ -11,12 +11,9 @@ import base64
 import contextlib
 import logging
 import os
-import secrets
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sandfork.backends.base import Backend, Instance
 from sandfork.crashpoints import crash_point
@@ -27,7 +24,7 @@ from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
 from sandfork.engine.leases import Leases
 from sandfork.engine.ledger import now
 from sandfork.engine.limits import Limits
-from sandfork.engine.snapshots import SnapshotStore, stored_bytes
+from sandfork.engine.snapshots import SnapshotStore
 from sandfork.protocol import new_sandbox_id
 from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, load_spec
 
@@ -181,12 +178,11 @@ class SandboxService:
         memory_mb = memory_mb or built.spec.memory_mb
         cpus = cpus or built.spec.cpus
         spec = self.backend.spec(built, memory_mb, cpus)
-        self.check_room(1, memory_mb, 0)
+        self.check_room(1, memory_mb)
         if self.boot_captures is not None:
             return await self.boot_captures.start(
                 built,
                 spec,
-                self._boot_and_capture,
                 lambda capture: self._start(
                     built.name,
                     capture,
@@ -200,7 +196,7 @@ class SandboxService:
         await asyncio.to_thread(self.backend.images.create_overlay, built.rootfs, disk)
         return await self._start(
             built.name,
-            Capture(None, spec, disk),
+            Capture(None, spec, disk, []),
             metadata=metadata,
             persistent=persistent,
             host_access=host_access,
@@ -216,8 +212,9 @@ class SandboxService:
     ) -> SandboxRecord:
         """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
         with self.store.in_use(snapshot_id) as snap:
-            capture = Capture(self.store.path(snap.id), snap.vm, Path(snap.disk))
-            self.check_room(1, snap.vm["memory_mb"], stored_bytes(capture.dir))
+            memory = self.store.memory_chain(snap.memory)
+            capture = Capture(self.store.path(snap.id), snap.vm, Path(snap.disk), memory)
+            self.check_room(1, snap.vm["memory_mb"])
             record = await self._start(
                 snap.template,
                 capture,
@@ -260,6 +257,7 @@ class SandboxService:
             vm=capture.spec,
             boot_mode=boot_mode,
             host_access=host_access,
+            memory=str(capture.memory[0]) if capture.memory else "",
         )
         self._records[sandbox_id] = record
         self.db.put(record)
@@ -279,12 +277,18 @@ class SandboxService:
             else:
                 await asyncio.to_thread(self.backend.images.create_overlay, capture.disk, disk)
                 instance = await self.backend.restore(
-                    capture.spec, capture.dir, directory, disk, spawned, host_access=host_access
+                    capture.spec,
+                    capture.dir,
+                    capture.memory,
+                    directory,
+                    disk,
+                    spawned,
+                    host_access=host_access,
                 )
                 await _after_resume(instance)
         except Exception as e:
             self._forget(sandbox_id)
-            shutil.rmtree(directory, ignore_errors=True)
+            await asyncio.to_thread(self.backend.release, directory)
             raise ApiError(f"could not start the sandbox: {e}", 500) from e
         record.status = "running"
         record.pid = instance.pid
@@ -292,17 +296,6 @@ class SandboxService:
         self.db.put(record)
         self._live[sandbox_id] = Live(record, instance, CodeRunner(instance.agent))
         return record
-
-    async def _boot_and_capture(self, spec: dict[str, Any], disk: Path, dest: Path) -> None:
-        """Cold-boot a VM on ``disk``, start its default kernel, and snapshot it into ``dest``."""
-        # Named uniquely: its RAM file and sockets share the engine's RAM folder.
-        instance = await self.backend.create(spec, dest / f"boot-{secrets.token_hex(6)}", disk)
-        try:
-            await instance.agent.request("ctx.create", {"isolated": False}, wait=300)
-            await instance.snapshot(dest, dest / "scratch.qcow2")
-        finally:
-            await instance.destroy()
-            (dest / "scratch.qcow2").unlink(missing_ok=True)
 
     def _forget(self, sandbox_id: str) -> None:
         self.leases.drop(sandbox_id)
@@ -402,7 +395,7 @@ class SandboxService:
         self.db.put(child)
         return child, killed
 
-    def check_room(self, count: int, memory_mb: int, ram_bytes: int) -> None:
+    def check_room(self, count: int, memory_mb: int) -> None:
         """Refuse new sandboxes that would go past the engine's limits (429)."""
         running = [r.memory_mb for r in self._records.values() if r.status != "dead"]
-        self.limits.check_start(running, count, memory_mb, ram_bytes)
+        self.limits.check_start(running, count, memory_mb)

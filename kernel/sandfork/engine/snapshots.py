@@ -1,12 +1,13 @@
-"""Snapshot records, their directories and the disk layers they share.
+"""Snapshot records, their directories and the disk and memory layers they share.
 
-A snapshot is a directory ``snapshots/<id>/`` holding ``devices.state`` (QEMU's device state,
-RAM excluded) and ``memory.img`` (the guest RAM image, sparse, mappable), plus a frozen qcow2
-disk layer in ``layers/``. Layers form chains (each is an overlay of the one below, down to a
-template's root image); a layer is kept while a snapshot or a sandbox's active disk has it in
-its chain, and collected once nothing does. Directories are written under a temporary name
-and renamed into place before the database row is added, so a crash never lists a snapshot
-that cannot be restored.
+A snapshot is a directory ``snapshots/<id>/`` holding ``devices.state`` (the VM's device
+state) and its attachments, plus two layers in ``layers/``: a frozen qcow2 disk layer
+(``.qcow2``) and a memory layer (``.mem``). Layers form chains: a disk layer is an overlay of
+the one below, down to a template's root image; a memory layer is a delta over the one below
+or a full image that stands alone (a boot capture's image ends a chain too). A layer is kept
+while a snapshot or a running sandbox has it in a chain, and collected once nothing does.
+Directories are written under a temporary name and renamed into place before the database
+row is added, so a crash never lists a snapshot that cannot be restored.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from sandfork.protocol import new_snapshot_id as new_snapshot_id
 log = logging.getLogger(__name__)
 
 ATTACHMENTS = "attachments"  # the folder of a snapshot's attached files
+DISK_LAYER = ".qcow2"
+MEMORY_LAYER = ".mem"
 
 
 def check_name(name: str) -> str:
@@ -99,16 +102,32 @@ class SnapshotStore:
             db.delete_snapshot(snap.id)
             del self._records[snap.id]
 
-    def new_layer(self, backing: Path) -> Path:
-        """Register a new disk layer over ``backing``; the caller creates the file.
+    def new_layer(self, backing: Path | None, suffix: str = DISK_LAYER) -> Path:
+        """Register a new layer over ``backing`` (``None``: it stands alone); the caller
+        creates the file.
 
         The layer is owned from this moment: :meth:`collect` keeps it until the caller hands
         it over (a record refers to it) or gives it up, both with :meth:`settle`.
         """
-        path = self.layers_dir / f"{secrets.token_hex(8)}.qcow2"
-        self.db.add_layer(str(path), str(backing))
+        path = self.layers_dir / f"{secrets.token_hex(8)}{suffix}"
+        self.db.add_layer(str(path), str(backing or ""))
         self._pending_layers.add(str(path))
         return path
+
+    def set_backing(self, layer: Path, backing: Path | None) -> None:
+        """Record what a layer lies over once its writer has chosen (``None``: nothing)."""
+        self.db.add_layer(str(layer), str(backing or ""))
+
+    def memory_chain(self, top: str) -> list[Path]:
+        """The memory layers from ``top`` down to the full image, top first (``[]`` for a
+        sandbox that booted: its memory was zeros)."""
+        if not top:
+            return []
+        layers = self.db.layers()
+        chain = [Path(top)]
+        while layers.get(str(chain[-1])):
+            chain.append(Path(layers[str(chain[-1])]))
+        return chain
 
     def settle(self, *layers: Path) -> None:
         """End the ownership :meth:`new_layer` started; unreferenced layers can now go."""
@@ -235,6 +254,7 @@ class SnapshotStore:
         layers = self.db.layers()
         keep: set[str] = set()
         roots = [s.disk for s in self._records.values()] + [s.disk for s in sandboxes]
+        roots += [s.memory for s in self._records.values()] + [s.memory for s in sandboxes]
         roots += self._pending_layers
         for path in roots:
             while path in layers and path not in keep:
@@ -248,6 +268,6 @@ class SnapshotStore:
         """Delete the layer files the database does not know (left by an engine killed
         before it recorded them). Only at start: no layer is being created then."""
         known = self.db.layers()
-        for stray in self.layers_dir.glob("[!.]*.qcow2"):
+        for stray in self.layers_dir.glob("[!.]*"):
             if str(stray) not in known:
                 self._remove(stray)

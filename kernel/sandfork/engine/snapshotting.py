@@ -9,6 +9,7 @@ export is one self-contained file that another engine imports trusting nothing i
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ from sandfork.engine.limits import Limits
 from sandfork.engine.sandboxes import FORK_PARENT, SandboxService
 from sandfork.engine.snapshots import (
     ATTACHMENTS,
+    MEMORY_LAYER,
     SnapshotStore,
     new_snapshot_id,
     stored_bytes,
@@ -105,16 +107,19 @@ class SnapshotService:
                 raise
             frozen = Path(record.disk)
             new_disk = self.store.new_layer(frozen)
+            memory = self.store.memory_chain(record.memory)
+            new_memory = self.store.new_layer(memory[0] if memory else None, MEMORY_LAYER)
             try:
-                paused = await live.instance.snapshot(staging, new_disk)
+                captured = await live.instance.snapshot(staging, new_disk, new_memory, memory)
             except Exception as e:
                 self.store.abandon(snapshot_id, staging)
-                self.store.settle(new_disk)
+                self.store.settle(new_disk, new_memory)
                 raise ApiError(f"the snapshot failed: {e}", 500) from e
+            self.store.set_backing(new_memory, captured.memory_backing)
             crash_point("snapshot.frozen")
-            record.disk = str(new_disk)
+            record.disk, record.memory = str(new_disk), str(new_memory)
             self.sandboxes.save(record)
-            self.store.settle(new_disk)
+            self.store.settle(new_disk, new_memory)
             snap = SnapshotRecord(
                 id=snapshot_id,
                 name=name,
@@ -123,9 +128,10 @@ class SnapshotService:
                 template=record.template,
                 parent_id=record.from_snapshot,
                 disk=str(frozen),
+                memory=str(new_memory),
                 vm=record.vm,
-                size_bytes=stored_bytes(staging) + stored_bytes(frozen),
-                paused_ms=int(paused * 1000),
+                size_bytes=sum(map(stored_bytes, (staging, frozen, new_memory))),
+                paused_ms=int(captured.paused * 1000),
                 contexts=[c["id"] for c in contexts.get("contexts", [])],
                 hidden=hidden,
                 metadata=metadata or {},
@@ -140,9 +146,7 @@ class SnapshotService:
     ) -> list[SandboxRecord]:
         """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
         parent = self.sandboxes.get(sandbox_id)
-        ram = self.sandboxes.live(sandbox_id).instance.memory_bytes()
-        # The capture and the children's RAM all sit in the RAM folder while the fork runs.
-        self.sandboxes.check_room(count, parent.memory_mb, ram + ram // count)
+        self.sandboxes.check_room(count, parent.memory_mb)
         snap = await self.snapshot(sandbox_id, hidden=True)
         crash_point("fork.captured")
         try:
@@ -198,16 +202,31 @@ class SnapshotService:
     async def export_snapshot(self, snapshot_id: str, out: Path) -> None:
         """Write a snapshot to one portable file (see :mod:`sandfork.engine.exchange`)."""
         snap = self.store.get(snapshot_id)
-        await asyncio.to_thread(
-            exchange.export_snapshot, snap, self.store.path(snap.id), out, self.backend.images
-        )
+        chain = self.store.memory_chain(snap.memory)
+        flat = Path(tempfile.mkdtemp(prefix="export-", dir=self.tmp_dir)) / "memory.img"
+        try:
+            if len(chain) > 1:  # the file is self-contained: one full image
+                await asyncio.to_thread(
+                    self.backend.flatten_memory, chain, flat, snap.vm["memory_mb"]
+                )
+            await asyncio.to_thread(
+                exchange.export_snapshot,
+                snap,
+                self.store.path(snap.id),
+                flat if len(chain) > 1 else chain[0],
+                out,
+                self.backend.images,
+            )
+        finally:
+            shutil.rmtree(flat.parent, ignore_errors=True)
 
     async def import_snapshot(self, file: Path, limits: exchange.ImportLimits) -> SnapshotRecord:
         """Add the snapshot in an exported file under a new id; its template is built here if
         needed. Nothing in the file is trusted (see :mod:`sandfork.engine.exchange`)."""
         snapshot_id = new_snapshot_id()
         staging = Path(tempfile.mkdtemp(prefix="import-", dir=self.tmp_dir))
-        layers: list[Path] = []
+        memory = self.store.new_layer(None, MEMORY_LAYER)
+        layers: list[Path] = [memory]
         try:
             stored = sum(s.size_bytes for s in self.store.visible())
 
@@ -239,9 +258,12 @@ class SnapshotService:
                 (staging / ATTACHMENTS).mkdir()
             for name in manifest.fields["attachments"]:
                 (staging / (exchange.ATTACHMENT_PREFIX + name)).rename(staging / ATTACHMENTS / name)
+            (staging / "memory.img").rename(memory)
+            os.truncate(memory, manifest.memory_mb * 2**20)  # VMs map it whole
             vm = self.backend.spec(built, manifest.memory_mb, manifest.cpus)
             vm["accelerator"] = manifest.accelerator  # the saved state needs the same one
             snap = manifest.record(snapshot_id, backing, vm)
+            snap.memory = str(memory)
             self.store.publish(snap, staging)
             return snap
         finally:

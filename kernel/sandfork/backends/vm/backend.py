@@ -9,6 +9,8 @@ from typing import Any
 from sandfork.backends.vm.accel import Accelerator, detect_accelerator
 from sandfork.backends.vm.images import Qcow2Images
 from sandfork.backends.vm.machine import Machine, kill_process, qemu_processes, release
+from sandfork.backends.vm.memory_layers import materialize
+from sandfork.backends.vm.process_memory import PAGE
 from sandfork.backends.vm.qemu import (
     MACHINE_REVISION,
     VM_FILE_SUFFIXES,
@@ -32,6 +34,8 @@ class VmBackend:
         accelerator: str = "auto",
         boot_timeout: float = 120.0,
         egress_socket: Path | None = None,
+        *,
+        copy_memory: bool = False,
     ):
         self.accel: Accelerator = detect_accelerator(accelerator)
         self.boot_timeout = boot_timeout
@@ -39,6 +43,7 @@ class VmBackend:
         self.egress_socket = egress_socket
         self.ram_dir = ram_dir
         ram_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.copy_memory = copy_memory  # the way before copy-on-write memory, to compare
 
     @property
     def accelerator(self) -> str:
@@ -54,6 +59,10 @@ class VmBackend:
             cpus=cpus,
             accel=self.accel,
         ).to_dict()
+
+    def flatten_memory(self, chain: list[Path], out: Path, memory_mb: int) -> None:
+        """Write the memory ``chain`` describes as one full image at ``out``."""
+        materialize(out, chain, memory_mb * 2**20 // PAGE)
 
     def machine_key(self) -> str:
         """The QEMU build and the revision of our VM's devices: saved states need both."""
@@ -79,19 +88,22 @@ class VmBackend:
             self.boot_timeout,
             spawned=spawned,
             network=self._network(host_access),
+            copy_memory=self.copy_memory,
         )
 
     async def restore(
         self,
         spec: dict[str, Any],
         snapshot: Path,
+        memory: list[Path],
         directory: Path,
         disk: Path,
         spawned: Callable[[int], None] | None = None,
         *,
         host_access: bool = False,
     ) -> Machine:
-        """Start a VM that resumes the snapshot in ``snapshot`` on ``disk``.
+        """Start a VM that resumes the snapshot in ``snapshot`` on ``disk``, its RAM the
+        memory chain ``memory`` (its full image mapped copy-on-write).
 
         The network is the new VM's own choice: a snapshot taken under either restores in both.
         """
@@ -103,6 +115,8 @@ class VmBackend:
             snapshot,
             spawned,
             self._network(host_access),
+            memory,
+            self.copy_memory,
         )
 
     def _network(self, host_access: bool) -> Network:
@@ -110,7 +124,9 @@ class VmBackend:
 
     async def adopt(self, directory: Path, disk: Path, pid: int) -> Machine:
         """Re-attach to a VM an earlier engine process started."""
-        return await Machine.adopt(VmLayout(directory, disk, self.ram_dir), pid)
+        return await Machine.adopt(
+            VmLayout(directory, disk, self.ram_dir), pid, copy_memory=self.copy_memory
+        )
 
     def release(self, directory: Path) -> None:
         """Delete the directory and RAM file of a VM that is gone."""

@@ -17,9 +17,11 @@ from typing import Any
 from qemu.qmp import ConnectError, QMPClient
 
 from sandfork.backends.agent_link import AgentLink
+from sandfork.backends.base import Captured
+from sandfork.backends.vm.memory_layers import materialize, restore_pages, write_capture
+from sandfork.backends.vm.process_memory import PAGE, RamMapping, page_buffer
 from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, command_line
 
-MEMORY_FILE = "memory.img"
 DEVICES_FILE = "devices.state"
 
 
@@ -38,10 +40,19 @@ class Machine:
     re-attaches with :meth:`adopt`.
     """
 
-    def __init__(self, layout: VmLayout, pid: int, process: subprocess.Popen[bytes] | None) -> None:
+    def __init__(
+        self,
+        layout: VmLayout,
+        pid: int,
+        process: subprocess.Popen[bytes] | None,
+        image: Path,
+        copy_memory: bool = False,
+    ) -> None:
         self.layout = layout
+        self.copy_memory = copy_memory  # captures copy all memory while paused (to compare)
         self.pid = pid
         self._process = process
+        self.image = image  # the memory image QEMU maps as guest RAM
         self.agent = AgentLink(str(layout.agent_socket))
 
     @classmethod
@@ -53,14 +64,20 @@ class Machine:
         snapshot: Path | None = None,
         spawned: Callable[[int], None] | None = None,
         network: Network | None = None,
+        memory: list[Path] | None = None,
+        copy_memory: bool = False,
     ) -> Machine:
         """Start a VM on ``layout.disk`` and wait for its agent.
 
-        Without ``snapshot`` the guest boots; with it, the VM resumes the snapshot's memory
-        image and device state (written by :meth:`snapshot`), which must come from a VM of
-        the same ``spec``. ``spawned`` is told QEMU's pid as soon as the process exists, so
-        that an engine killed while the VM comes up leaves a process it can find again.
-        ``network`` defaults to a restricted one; a snapshot restores under any network.
+        Without ``snapshot`` the guest boots on zeroed memory of its own; with it, the VM
+        resumes the snapshot's device state (written by :meth:`snapshot`) with the memory of
+        the chain ``memory`` (see :mod:`~sandfork.backends.vm.memory_layers`): its full
+        image mapped copy-on-write, the deltas above written into the VM before it runs.
+        Both must come from a VM of the same ``spec``. ``spawned`` is told QEMU's pid as soon
+        as the process exists, so that an engine killed while the VM comes up leaves a
+        process it can find again. ``network`` defaults to a restricted one; a snapshot
+        restores under any network. ``copy_memory`` copies the chain's memory into a RAM
+        file of the VM's own instead of mapping it (the way before copy-on-write, to compare).
         """
         longest = max((layout.agent_socket, layout.qmp_socket), key=lambda p: len(str(p)))
         if len(os.fsencode(longest)) > _MAX_SOCKET_PATH:
@@ -70,9 +87,22 @@ class Machine:
             )
         layout.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         layout.ram_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        command = command_line(spec, layout, network or Network())
+        memory = memory or []
+        if snapshot is not None and not memory:
+            raise VmError("restoring needs the snapshot's memory")
+        if snapshot is None:
+            image = layout.ram_file
+            with image.open("xb") as f:  # zeros, costing nothing until the guest writes
+                f.truncate(spec.memory_mb * 2**20)
+        elif copy_memory:
+            image = layout.ram_file
+            await asyncio.to_thread(materialize, image, memory, spec.memory_mb * 2**20 // PAGE)
+            memory = [image]
+        else:
+            image = memory[-1]
+        command = command_line(spec, layout, network or Network(), image)
         if snapshot is not None:
-            await asyncio.to_thread(copy_sparse, snapshot / MEMORY_FILE, layout.ram_file)
+            # Incoming: QEMU's reset would otherwise copy the -kernel/-initrd blobs over RAM.
             command += ["-incoming", "defer"]
         with layout.qemu_log.open("wb") as log:
             process = subprocess.Popen(
@@ -87,12 +117,12 @@ class Machine:
                 cwd=layout.dir,
                 umask=0o077,  # guest RAM, disk layers and sockets are private to this user
             )
-        machine = cls(layout, process.pid, process)
+        machine = cls(layout, process.pid, process, image, copy_memory)
         try:
             if spawned is not None:
                 spawned(process.pid)
             if snapshot is not None:
-                await machine._load_state(snapshot / DEVICES_FILE, boot_timeout)
+                await machine._load_state(snapshot / DEVICES_FILE, memory, spec, boot_timeout)
             await machine.agent.connect(timeout=boot_timeout, alive=machine.is_alive)
         except Exception as e:
             reason = machine.failure_reason() or str(e)
@@ -101,12 +131,14 @@ class Machine:
         return machine
 
     @classmethod
-    async def adopt(cls, layout: VmLayout, pid: int, timeout: float = 10.0) -> Machine:
+    async def adopt(
+        cls, layout: VmLayout, pid: int, timeout: float = 10.0, *, copy_memory: bool = False
+    ) -> Machine:
         """Re-attach to a VM started by an earlier engine process.
 
         A VM left paused by an engine that died in the middle of a snapshot is resumed.
         """
-        machine = cls(layout, pid, None)
+        machine = cls(layout, pid, None, _mapped_image(pid), copy_memory)
         if not machine.is_alive():
             raise VmError("its QEMU process is gone")
         status = await machine.qmp("query-status")
@@ -144,11 +176,14 @@ class Machine:
         return "; ".join(parts)
 
     def memory_bytes(self) -> int:
-        """Guest memory the VM has touched (the data in its RAM file)."""
+        """Guest memory the VM has written since its memory image was mapped."""
         try:
-            return self.layout.ram_file.stat().st_blocks * 512
-        except OSError:
+            return len(self._ram().written_pages()) * PAGE
+        except (OSError, LookupError):
             return 0
+
+    def _ram(self) -> RamMapping:
+        return RamMapping.find(self.pid, self.image)
 
     async def disk_chain(self) -> list[Path]:
         """The files of the VM's root disk as QEMU has them open, top (written) first."""
@@ -184,23 +219,33 @@ class Machine:
         finally:
             await client.disconnect()
 
-    async def _load_state(self, devices: Path, timeout: float) -> None:
-        async with self._qmp(timeout) as qmp:
-            await qmp.execute(
-                "migrate-set-capabilities",
-                {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
-            )
+    async def _load_state(
+        self, devices: Path, memory: list[Path], spec: VmSpec, timeout: float
+    ) -> None:
+        async with self._qmp(timeout) as qmp:  # QEMU is up: its RAM is mapped
+            pages = spec.memory_mb * 2**20 // PAGE
+            numbers, data = await asyncio.to_thread(restore_pages, memory, pages)
+            await asyncio.to_thread(self._ram().write, numbers, data)
+            del data
             await qmp.execute("migrate-incoming", {"uri": f"exec:cat {shlex.quote(str(devices))}"})
             await _wait_migration(qmp, timeout)
             await qmp.execute("cont")
 
-    async def snapshot(self, dest: Path, new_disk: Path) -> float:
-        """Capture memory, devices and disk at one instant into ``dest``; return the pause (s).
+    async def snapshot(
+        self, dest: Path, new_disk: Path, new_memory: Path, memory: list[Path]
+    ) -> Captured:
+        """Capture memory, devices and disk at one instant into ``dest``.
 
         The VM is paused while its disk layer is frozen (new writes go to ``new_disk``), its
-        device state is saved (RAM is skipped: ``x-ignore-shared``) and its RAM file is
-        copied; then it runs on. The frozen layer stays where it was, now read-only.
+        device state is saved, and the pages it wrote since its memory image was mapped are
+        copied out; then it runs on, and those pages are stored in ``new_memory``: the ones
+        that differ from ``memory`` (the chain the VM's memory last matched) as a delta over
+        it, or everything as a full image (see :func:`memory_layers.write_capture`). The
+        frozen disk layer stays where it was, now read-only.
         """
+        ram = self._ram()
+        expected = len(ram.written_pages())
+        buffer = await asyncio.to_thread(page_buffer, expected + expected // 8 + 1024)
         async with self._qmp() as qmp:
             await qmp.execute("stop")
             paused = time.monotonic()
@@ -209,17 +254,24 @@ class Machine:
                     "blockdev-snapshot-sync",
                     {"device": "root", "snapshot-file": str(new_disk), "format": "qcow2"},
                 )
-                await qmp.execute(
-                    "migrate-set-capabilities",
-                    {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
-                )
-                target = shlex.quote(str(dest / DEVICES_FILE))
-                await qmp.execute("migrate", {"uri": f"exec:cat > {target}"})
-                await _wait_migration(qmp, 60)
-                await asyncio.to_thread(copy_sparse, self.layout.ram_file, dest / MEMORY_FILE)
+                target = str(dest / DEVICES_FILE)
+                await qmp.execute("xen-save-devices-state", {"filename": target, "live": False})
+                numbers = ram.written_pages()
+                if len(numbers) > len(buffer):
+                    buffer = page_buffer(len(numbers))
+                await asyncio.to_thread(ram.read, numbers, buffer)
+                if self.copy_memory:  # the way before copy-on-write: all of it, paused
+                    args = (new_memory, numbers, buffer[: len(numbers)], memory, ram.pages)
+                    await asyncio.to_thread(write_capture, *args, full=True)
             finally:
                 await qmp.execute("cont")
-            return time.monotonic() - paused
+            pause = time.monotonic() - paused
+        if self.copy_memory:
+            return Captured(pause, None)
+        backing = await asyncio.to_thread(
+            write_capture, new_memory, numbers, buffer[: len(numbers)], memory, ram.pages
+        )
+        return Captured(pause, backing)
 
     async def destroy(self) -> None:
         """Stop the VM and delete its directory (sockets, logs) and RAM file."""
@@ -263,6 +315,19 @@ def release(ram_dir: Path, directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def _mapped_image(pid: int) -> Path:
+    """The memory image a running QEMU maps as guest RAM (from its command line)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError as e:
+        raise VmError("its QEMU process is gone") from e
+    for arg in args:
+        for option in arg.split(","):
+            if option.startswith("mem-path="):
+                return Path(option.removeprefix("mem-path="))
+    raise VmError(f"process {pid} is not a sandbox VM")
+
+
 def qemu_processes(root: Path) -> dict[str, int]:
     """The QEMU processes running a VM whose directory is in ``root``: {directory name: pid}."""
     found = {}
@@ -292,10 +357,3 @@ def kill_process(pid: int) -> None:
             if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 return
         time.sleep(0.01)
-
-
-def copy_sparse(source: Path, dest: Path) -> None:
-    """Copy a file, leaving holes where ``source`` has holes (untouched guest RAM)."""
-    subprocess.run(
-        ["cp", "--sparse=always", str(source), str(dest)], check=True, capture_output=True
-    )

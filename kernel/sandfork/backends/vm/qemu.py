@@ -47,7 +47,8 @@ class VmLayout:
 
     @property
     def ram_file(self) -> Path:
-        """Guest RAM, a shared file mapping: a snapshot copies it while the VM is paused."""
+        """The zeroed memory image a booting VM maps (privately) as its RAM; a restored VM
+        maps its snapshot's image instead and has none."""
         return ram_file(self.ram_dir, self.dir)
 
     @property
@@ -104,7 +105,8 @@ class VmSpec:
 
 # Bump when command_line() changes the VM's devices: saved VM states depend on them.
 # 2: restricted user network with the egress proxy's guestfwd.
-MACHINE_REVISION = 2
+# 3: private copy-on-write RAM; device state saved without RAM or configuration.
+MACHINE_REVISION = 3
 
 #: Where the guest finds the engine's egress proxy (the guest init points HTTP(S)_PROXY here).
 EGRESS_GUEST_ADDRESS = "10.0.2.100"
@@ -158,9 +160,13 @@ def qemu_binary() -> str:
     return path
 
 
-def command_line(spec: VmSpec, layout: VmLayout, network: Network) -> list[str]:
-    """The full QEMU command line for ``spec`` with its files in ``layout``."""
+def command_line(spec: VmSpec, layout: VmLayout, network: Network, image: Path) -> list[str]:
+    """The full QEMU command line for ``spec`` with its files in ``layout``, its RAM a
+    private (copy-on-write) mapping of the memory image ``image``."""
     firmware = ["-bios", str(_QBOOT)] if _QBOOT.exists() else []
+    for path in (image, layout.disk):
+        if "," in str(path):
+            raise ValueError(f"QEMU cannot be given a path with a ',' in it: {path}")
     return [
         qemu_binary(),
         "-name", "sandfork,debug-threads=on",
@@ -170,7 +176,9 @@ def command_line(spec: VmSpec, layout: VmLayout, network: Network) -> list[str]:
         "-smp", str(spec.cpus),
         "-m", f"{spec.memory_mb}M",
         "-object",
-        f"memory-backend-file,id=ram0,size={spec.memory_mb}M,mem-path={layout.ram_file},share=on",
+        f"memory-backend-file,id=ram0,size={spec.memory_mb}M,mem-path={image},share=off",
+        # Saved device states carry no configuration section (xen-save-devices-state).
+        "-global", "migration.send-configuration=off",
         "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
         "-serial", f"file:{layout.console_log}",
         "-kernel", str(spec.kernel),
