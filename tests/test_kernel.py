@@ -230,6 +230,11 @@ def test_snapshot_restore_fork_and_sandbox_magics(engine: EngineProcess) -> None
         result = next(m for m in restored if m["msg_type"] == "execute_result")
         assert result["content"]["data"]["text/plain"] == "1"
         assert first not in {s.id for s in Sandbox.list(engine.client())}  # the old one is gone
+        _execute(kc, "x = 3")
+        by_name = _execute(kc, "%restore before\nx")  # the newest snapshot of that name
+        assert _stdout(by_name).startswith(f"restored {snapshot_id} into sbx_")
+        result = next(m for m in by_name if m["msg_type"] == "execute_result")
+        assert result["content"]["data"]["text/plain"] == "1"
         children = _stdout(_execute(kc, "%fork 2")).split()
         assert len(children) == 2
         for child_id in children:
@@ -238,7 +243,7 @@ def test_snapshot_restore_fork_and_sandbox_magics(engine: EngineProcess) -> None
             child.kill()
         failed = _execute(kc, "%restore nothing\nprint('not reached')")
         assert failed[-1]["content"]["status"] == "error"
-        assert "usage: %restore" in failed[-1]["content"]["evalue"]
+        assert "no snapshot is named 'nothing'" in failed[-1]["content"]["evalue"]
         assert _stdout(failed) == ""
     finally:
         kc.stop_channels()
