@@ -21,18 +21,13 @@ would make them fast; nothing Sandfork builds is.
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import json
 import os
-import pwd
 import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +36,16 @@ from pathlib import Path
 import nbformat
 import pytest
 import requests
+
+from binder_steps import (
+    Clock,
+    copy_working_tree,
+    free_port,
+    install_apt_packages,
+    serve,
+    wait_for_lab,
+)
+from unprivileged import UnprivilegedUser, new_user
 
 pytestmark = pytest.mark.vm
 
@@ -109,13 +114,9 @@ os.execvp(sys.argv[1], sys.argv[1:])
 
 
 @dataclass
-class BinderUser:
+class BinderUser(UnprivilegedUser):
     """The unprivileged notebook user, jovyan's stand-in, and its environment."""
 
-    name: str
-    uid: int
-    gid: int
-    home: Path
     log: Path
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -130,17 +131,15 @@ class BinderUser:
     def env(self) -> dict[str, str]:
         """A login-like environment: the virtualenv first on PATH, as NB_PYTHON_PREFIX is."""
         env = {key: os.environ[key] for key in PASSED_ENV if key in os.environ}
-        env |= {
-            "HOME": str(self.home),
-            "USER": self.name,
-            "LOGNAME": self.name,
-            "SHELL": "/bin/bash",
-            "PATH": f"{self.venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-            "PIP_CACHE_DIR": str(DOWNLOADS / "pip"),
-            "npm_config_cache": str(DOWNLOADS / "npm"),
-            "NO_COLOR": "1",
-            "TERM": "dumb",
-        }
+        env |= self.login_env(
+            LOGNAME=self.name,
+            SHELL="/bin/bash",
+            PATH=f"{self.venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            PIP_CACHE_DIR=str(DOWNLOADS / "pip"),
+            npm_config_cache=str(DOWNLOADS / "npm"),
+            NO_COLOR="1",
+            TERM="dumb",
+        )
         return env | self.extra_env
 
     def run(self, *argv: str, cwd: Path | None = None, timeout: float = 600) -> None:
@@ -148,33 +147,16 @@ class BinderUser:
         with self.log.open("ab") as log:
             log.write(f"\n$ {' '.join(argv)}\n".encode())
             log.flush()
-            code = subprocess.run(
-                argv,
-                cwd=cwd or self.repo,
-                env=self.env(),
-                user=self.uid,
-                group=self.gid,
-                extra_groups=[],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-            ).returncode
-        assert code == 0, f"{argv[0]} failed ({code}):\n{self.tail()}"
+            done = self.call(argv, self.env(), cwd=cwd or self.repo, timeout=timeout, log=log)
+        assert done.returncode == 0, f"{argv[0]} failed ({done.returncode}):\n{self.tail()}"
 
     def popen(self, *argv: str, output: Path) -> subprocess.Popen[bytes]:
         """Start a command as the user in a session of its own."""
-        with output.open("ab") as out:
-            return subprocess.Popen(
-                argv,
-                cwd=self.repo,
-                env=self.env(),
-                user=self.uid,
-                group=self.gid,
-                extra_groups=[],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        return self.start(argv, self.env(), cwd=self.repo, output=output)
+
+    def stdout(self, *argv: str) -> str:
+        """Run a command as the user; its stdout (the test fails if it fails)."""
+        return self.output(argv, self.env(), cwd=self.repo, timeout=120)
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -185,26 +167,22 @@ def binder_user(tmp_path: Path) -> Iterator[BinderUser]:
     """A new unprivileged user with subordinate ids; deleted afterwards with its home."""
     if os.geteuid() != 0:
         pytest.skip("simulating the Binder build creates a user: run as root (as CI does)")
-    _delete_user(USER)  # what an interrupted run left
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
-    _give_subordinate_ids(USER)
-    entry = pwd.getpwnam(USER)
-    DOWNLOADS.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["chown", "-R", f"{entry.pw_uid}:{entry.pw_gid}", str(DOWNLOADS)], check=True)
-    user = BinderUser(USER, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir), tmp_path / "build.log")
-    try:
-        yield user
-    finally:
-        _stop_engine(user)
-        _delete_user(USER)
+    with new_user(USER) as made:
+        DOWNLOADS.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["chown", "-R", f"{made.uid}:{made.gid}", str(DOWNLOADS)], check=True)
+        user = BinderUser(made.name, made.uid, made.gid, made.home, tmp_path / "build.log")
+        try:
+            yield user
+        finally:
+            _stop_engine(user)
 
 
 def test_binder_build_and_demo_notebook(binder_user: BinderUser, tmp_path: Path) -> None:
     user = binder_user
-    _install_apt_packages(REPO / "binder" / "apt.txt")
+    install_apt_packages(REPO / "binder" / "apt.txt")
 
-    clock = _Clock()  # "clone to a running notebook" starts here
-    _copy_working_tree(REPO, user.repo)
+    clock = Clock()  # "clone to a running notebook" starts here
+    copy_working_tree(REPO, user.repo)
     subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(user.repo)], check=True)
     clock.lap("copy of the repository")
 
@@ -222,11 +200,11 @@ def test_binder_build_and_demo_notebook(binder_user: BinderUser, tmp_path: Path)
 
     user.run("binder/postBuild", timeout=900)
     clock.lap("binder/postBuild")
-    listing = _output_as(user, "sandfork", "template", "ls", "--json")
+    listing = user.stdout("sandfork", "template", "ls", "--json")
     built = {row["name"]: row["built"] for row in json.loads(listing)}
     assert built.get("code-interpreter"), f"postBuild did not build the template: {listing}"
 
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     lab_command = [
         "jupyter",
         "lab",
@@ -242,7 +220,7 @@ def test_binder_build_and_demo_notebook(binder_user: BinderUser, tmp_path: Path)
     lab = user.popen("binder/start", *lab_command, output=lab_log)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_for_lab(lab, url, lab_log)
+        wait_for_lab(lab, url, lab_log)
         clock.lap("binder/start until JupyterLab answers")
 
         executed = _run_demo(user, tmp_path)
@@ -275,53 +253,16 @@ def _check_postbuild_without_user_namespaces(user: BinderUser) -> None:
     export = user.home / "published"
     user.run("mkdir", "-p", str(export))
     user.run("sandfork", "template", "export", "code-interpreter", str(export / "t.tar.zst"))
-    with _serve(export) as url:
+    with serve(export) as url:
         (user.repo / "binder" / "template-url").write_text(f"# published\n{url}/t.tar.zst\n")
         wrapper = user.home / "no_user_namespaces.py"
         wrapper.write_text(_NO_USER_NAMESPACES)
         user.extra_env["SANDFORK_CACHE_DIR"] = str(user.home / "docker-build-cache")
         user.run("python3", str(wrapper), "binder/postBuild", timeout=600)
     assert "importing the template from" in user.tail(), user.tail()
-    listing = json.loads(_output_as(user, "sandfork", "template", "ls", "--json"))
+    listing = json.loads(user.stdout("sandfork", "template", "ls", "--json"))
     assert [row["built"] for row in listing if row["name"] == "code-interpreter"] == [True]
     print(f"  postBuild with user namespaces refused (import): {time.time() - started:.1f} s")
-
-
-@contextlib.contextmanager
-def _serve(folder: Path) -> Iterator[str]:
-    """The files of ``folder`` over HTTP on loopback, while the block runs."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class _Clock:
-    """Wall-clock laps from the copy of the repository on."""
-
-    def __init__(self) -> None:
-        self.t0 = time.time()
-        self.laps: list[tuple[str, float]] = []
-        self._last = self.t0
-
-    def lap(self, name: str) -> None:
-        now = time.time()
-        self.laps.append((name, now - self._last))
-        print(
-            f"[binder] {name}: {now - self._last:.1f} s", flush=True
-        )  # shown if a later step fails
-        self._last = now
-
-    def report(self) -> None:
-        width = max(len(name) for name, _ in self.laps)
-        for name, seconds in self.laps:
-            print(f"  {name:<{width}}  {seconds:6.1f} s")
-        print(f"  {'clone to the demo notebook done':<{width}}  {self._last - self.t0:6.1f} s")
 
 
 def _run_demo(user: BinderUser, tmp_path: Path) -> Path:
@@ -420,91 +361,6 @@ def _check_a_kernel_of_the_server(url: str, auth: dict[str, str]) -> None:
         requests.delete(f"{url}/api/kernels/{kernel_id}", headers=auth, timeout=60)
 
 
-def _install_apt_packages(apt_txt: Path) -> None:
-    """What repo2docker does first, as root: apt.txt's packages (only the missing ones)."""
-    packages = [
-        line.split("#", 1)[0].strip()
-        for line in apt_txt.read_text().splitlines()
-        if line.split("#", 1)[0].strip()
-    ]
-    missing = [
-        name
-        for name in packages
-        if "install ok installed"
-        not in subprocess.run(
-            ["dpkg-query", "-W", "-f=${Status}", name], capture_output=True, text=True
-        ).stdout
-    ]
-    if missing:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-            check=True,
-            env=env,
-        )
-
-
-def _copy_working_tree(source: Path, target: Path) -> None:
-    """The files a clone would have: tracked and new ones (not ignored), as they are now."""
-    listed = subprocess.run(
-        ["git", "-C", str(source), "ls-files", "-z", "-co", "--exclude-standard"],
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for name in sorted(set(filter(None, listed.split("\0")))):
-        path = source / name
-        if not path.exists() and not path.is_symlink():  # deleted, not committed yet
-            continue
-        (target / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target / name, follow_symlinks=False)
-
-
-def _output_as(user: BinderUser, *argv: str) -> str:
-    result = subprocess.run(
-        argv,
-        cwd=user.repo,
-        env=user.env(),
-        user=user.uid,
-        group=user.gid,
-        extra_groups=[],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
-def _wait_for_lab(lab: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert lab.poll() is None, f"start or JupyterLab exited:\n{log.read_text()[-4000:]}"
-        with contextlib.suppress(requests.ConnectionError):
-            if requests.get(f"{url}/api/status", timeout=5).status_code in (200, 403):
-                return
-        assert time.monotonic() < deadline, f"JupyterLab did not answer:\n{log.read_text()[-4000:]}"
-        time.sleep(0.2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _give_subordinate_ids(name: str) -> None:
-    """Subordinate uids and gids for the user's namespaces, past every range in use."""
-    for kind, flag in (("subuid", "--add-subuids"), ("subgid", "--add-subgids")):
-        table = Path(f"/etc/{kind}")
-        lines = table.read_text().splitlines() if table.exists() else []
-        if any(line.split(":")[0] == name for line in lines):
-            continue
-        ends = [int(f[1]) + int(f[2]) for f in (line.split(":") for line in lines) if len(f) == 3]
-        start = max([100000, *ends])
-        subprocess.run(["usermod", flag, f"{start}-{start + 65535}", name], check=True)
-
-
 def _stop_engine(user: BinderUser) -> None:
     """Stop the user's engine (started by start), which stops its sandboxes."""
     info = user.home / ".local" / "state" / "sandfork" / "run" / "engine.json"
@@ -515,29 +371,3 @@ def _stop_engine(user: BinderUser) -> None:
         while time.monotonic() < deadline:
             os.kill(pid, 0)
             time.sleep(0.2)
-
-
-def _delete_user(name: str) -> None:
-    """Delete the test's user and its home, after its processes (what a failed run left)."""
-    try:
-        uid = pwd.getpwnam(name).pw_uid
-    except KeyError:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _processes_of(uid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 15
-        while _processes_of(uid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    subprocess.run(["userdel", "--remove", name], check=True, capture_output=True)
-
-
-def _processes_of(uid: int) -> list[int]:
-    """The processes the user runs (only ever ones this test started)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and entry.stat().st_uid == uid:
-                pids.append(int(entry.name))
-    return pids

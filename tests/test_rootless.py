@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from sandfork.templates import BuiltTemplate
+from unprivileged import UnprivilegedUser, new_user
 
 pytestmark = [
     pytest.mark.vm,
@@ -48,88 +47,40 @@ print("".join(out).strip())
 """
 
 
-@dataclass
-class User:
+class User(UnprivilegedUser):
     """An ordinary user made for this test: its home, and commands run as it."""
-
-    name: str
-    home: Path
 
     @property
     def venv(self) -> Path:
         return self.home / "venv"
 
-    def env(self, **extra: str) -> dict[str, str]:
-        """A clean login-like environment (no variable of the test process)."""
-        return {
-            "HOME": str(self.home),
-            "USER": self.name,
-            "PATH": BASE_PATH,
-            "LANG": "C.UTF-8",
-            **extra,
-        }
-
-    def argv(self, args: list[str], env: dict[str, str]) -> list[str]:
-        pairs = [f"{k}={v}" for k, v in env.items()]
-        return ["runuser", "-u", self.name, "--", "env", "-i", *pairs, *args]
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A clean login-like environment (no variable of the test process), ``extra`` on top."""
+        return self.login_env(PATH=BASE_PATH, LANG="C.UTF-8") | dict(extra or {})
 
     def run(
-        self, *args: str, timeout: float = 900, **extra: str
+        self, *args: str, timeout: float = 900, env: Mapping[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``args`` as the user in its home; the finished process."""
-        return subprocess.run(
-            self.argv(list(args), self.env(**extra)),
-            cwd=self.home,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        """Run ``args`` as the user in its home (``env`` added); the finished process."""
+        return self.call(args, self.env(env), cwd=self.home, timeout=timeout)
 
-    def check(self, *args: str, timeout: float = 900, **extra: str) -> str:
+    def check(self, *args: str, timeout: float = 900, env: Mapping[str, str] | None = None) -> str:
         """Run ``args`` as the user; its stdout (the test fails if it fails)."""
-        done = self.run(*args, timeout=timeout, **extra)
-        assert done.returncode == 0, f"{args} failed:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
+        return self.output(args, self.env(env), cwd=self.home, timeout=timeout)
 
     def give(self, source: Path) -> Path:
         """A copy of ``source`` in the user's home, owned by the user."""
         target = self.home / source.name
         shutil.copyfile(source, target)
-        os.chown(target, *self.ids)
+        os.chown(target, self.uid, self.gid)
         return target
-
-    @property
-    def ids(self) -> tuple[int, int]:
-        entry = pwd.getpwnam(self.name)
-        return entry.pw_uid, entry.pw_gid
-
-
-def _has_subids(name: str, kind: str) -> bool:
-    lines = (
-        Path(f"/etc/sub{kind}").read_text().splitlines() if Path(f"/etc/sub{kind}").exists() else []
-    )
-    return any(line.split(":")[0] == name for line in lines)
-
-
-def _remove_user(name: str) -> None:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return
-    subprocess.run(["userdel", "--remove", name], capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")
 def user() -> Iterator[User]:
     """A new ordinary user with subordinate ids and an empty home (removed afterwards)."""
-    _remove_user(USER)
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
-    for kind, flag in (("uid", "--add-subuids"), ("gid", "--add-subgids")):
-        if not _has_subids(USER, kind):  # useradd adds them where SUB_*_COUNT is set
-            subprocess.run(["usermod", flag, "300000-365535", USER], check=True)
-    yield User(USER, Path(pwd.getpwnam(USER).pw_dir))
-    _remove_user(USER)
+    with new_user(USER) as made:
+        yield User(made.name, made.uid, made.gid, made.home)
 
 
 @pytest.fixture(scope="module")
@@ -170,8 +121,7 @@ def test_build_as_user_gives_the_same_key_and_owns_its_cache(built: User) -> Non
     assert rootfs.startswith(f"{built.home}/.cache/sandfork/")
     manifest = json.loads((Path(rootfs).parent / "manifest.json").read_text())
     assert manifest["built_with"] == "mmdebstrap --mode=unshare"
-    uid, _ = built.ids
-    strays = [p for p in (built.home / ".cache").rglob("*") if p.lstat().st_uid != uid]
+    strays = [p for p in (built.home / ".cache").rglob("*") if p.lstat().st_uid != built.uid]
     assert strays == [], f"files not owned by the user: {strays[:5]}"
 
 
@@ -179,18 +129,17 @@ def test_build_as_user_gives_the_same_key_and_owns_its_cache(built: User) -> Non
 def engine_url(built: User) -> Iterator[tuple[str, str]]:
     """``sandfork serve`` as the user (its own state folder); stopped by its id."""
     state = built.home / "state"
-    log = (built.home / "engine.log").open("wb")
-    argv = built.argv(
+    log = built.home / "engine.log"
+    proc = built.start(
         [str(built.venv / "bin" / "sandfork"), "serve", "--port", "0", "--state-dir", str(state)],
         built.env(),
+        cwd=built.home,
+        output=log,
     )
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=built.home)
     info = state / "run" / "engine.json"
     deadline = time.monotonic() + 60
     while not info.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, (
-            built.home / "engine.log"
-        ).read_text()
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
     engine = json.loads(info.read_text())
     key = (state / "run" / "api_key").read_text().strip()
@@ -199,22 +148,11 @@ def engine_url(built: User) -> Iterator[tuple[str, str]]:
     finally:
         os.kill(engine["pid"], signal.SIGTERM)
         proc.wait(60)
-        ram = Path(f"/dev/shm/sandfork-{built.ids[0]}")  # the engine's default RAM folder
+        ram = Path(f"/dev/shm/sandfork-{built.uid}")  # the engine's default RAM folder
         ram_files = [p for p in ram.rglob("*") if p.is_file()]
         shutil.rmtree(ram, ignore_errors=True)
         assert ram_files == [], f"RAM files left behind: {ram_files}"
-        assert not [
-            p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_users_qemu(p, built)
-        ]
-
-
-def _is_users_qemu(proc: Path, user: User) -> bool:
-    try:
-        return (
-            proc.stat().st_uid == user.ids[0] and b"qemu-system" in (proc / "cmdline").read_bytes()
-        )
-    except OSError:
-        return False
+        assert not built.processes(b"qemu-system")
 
 
 def test_two_turns_and_a_kernel_cell_as_the_user(built: User, engine_url: tuple[str, str]) -> None:
@@ -222,10 +160,10 @@ def test_two_turns_and_a_kernel_cell_as_the_user(built: User, engine_url: tuple[
     api = {"SANDFORK_API": url, "SANDFORK_API_KEY": key}
     python = str(built.venv / "bin" / "python")
     turns = str(built.give(TESTS / "turns.py"))
-    snapshot_id = built.check(python, turns, "turn1", **api).strip().splitlines()[-1]
+    snapshot_id = built.check(python, turns, "turn1", env=api).strip().splitlines()[-1]
     assert snapshot_id.startswith("snap_")
     found = json.loads(
-        built.check(python, turns, "turn2", snapshot_id, **api).strip().splitlines()[-1]
+        built.check(python, turns, "turn2", snapshot_id, env=api).strip().splitlines()[-1]
     )
     assert found == {
         "rows": "100000",
@@ -236,7 +174,7 @@ def test_two_turns_and_a_kernel_cell_as_the_user(built: User, engine_url: tuple[
     }
     cell = built.home / "cell.py"
     cell.write_text(KERNEL_CELL)
-    assert built.check(python, str(cell), **api).strip().splitlines()[-1] == "42 0"
+    assert built.check(python, str(cell), env=api).strip().splitlines()[-1] == "42 0"
 
 
 def _bin_without_qemu(where: Path) -> Path:
@@ -253,7 +191,7 @@ def _bin_without_qemu(where: Path) -> Path:
 def test_missing_qemu_is_one_clear_line(installed: User) -> None:
     fake_bin = _bin_without_qemu(installed.home / "bin-without-qemu")
     sandfork = str(installed.venv / "bin" / "sandfork")
-    doctor = installed.run(sandfork, "doctor", PATH=str(fake_bin))
+    doctor = installed.run(sandfork, "doctor", env={"PATH": str(fake_bin)})
     assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
     qemu = [line for line in doctor.stdout.splitlines() if "qemu-system-x86_64" in line]
     assert len(qemu) == 1 and "apt-get install qemu-system-x86" in qemu[0], doctor.stdout
@@ -262,8 +200,7 @@ def test_missing_qemu_is_one_clear_line(installed: User) -> None:
         "template",
         "build",
         "code-interpreter",
-        PATH=str(fake_bin),
-        SANDFORK_CACHE_DIR=str(installed.home / "other-cache"),
+        env={"PATH": str(fake_bin), "SANDFORK_CACHE_DIR": str(installed.home / "other-cache")},
     )
     assert build.returncode == 1 and "Traceback" not in build.stderr
     first, hint = build.stderr.strip().splitlines()
@@ -282,7 +219,7 @@ def test_missing_subordinate_ids_are_one_clear_line(installed: User) -> None:
             "template",
             "build",
             "code-interpreter",
-            SANDFORK_CACHE_DIR=str(installed.home / "other-cache"),
+            env={"SANDFORK_CACHE_DIR": str(installed.home / "other-cache")},
         )
         doctor = installed.run(sandfork, "doctor")
     finally:

@@ -244,7 +244,7 @@ class Machine:
         frozen disk layer stays where it was, now read-only.
         """
         ram = self._ram()
-        expected = len(ram.written_pages())
+        expected = len(await asyncio.to_thread(ram.written_pages))
         buffer = await asyncio.to_thread(page_buffer, expected + expected // 8 + 1024)
         async with self._qmp() as qmp:
             await qmp.execute("stop")
@@ -256,9 +256,9 @@ class Machine:
                 )
                 target = str(dest / DEVICES_FILE)
                 await qmp.execute("xen-save-devices-state", {"filename": target, "live": False})
-                numbers = ram.written_pages()
+                numbers = await asyncio.to_thread(ram.written_pages)
                 if len(numbers) > len(buffer):
-                    buffer = page_buffer(len(numbers))
+                    buffer = await asyncio.to_thread(page_buffer, len(numbers))
                 await asyncio.to_thread(ram.read, numbers, buffer)
                 if self.copy_memory:  # the way before copy-on-write: all of it, paused
                     args = (new_memory, numbers, buffer[: len(numbers)], memory, ram.pages)

@@ -99,10 +99,12 @@ class RamMapping:
 def page_buffer(count: int) -> Pages:
     """A buffer for ``count`` pages, its memory committed now (so copying into it while the
     guest is paused takes no page faults)."""
-    size = max(count, 1) * PAGE
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    region = mmap.mmap(-1, size, flags=flags)
-    return np.frombuffer(region, dtype=np.uint8).reshape(-1, PAGE)
+    region = mmap.mmap(-1, max(count, 1) * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    pages = np.frombuffer(region, dtype=np.uint8).reshape(-1, PAGE)
+    # One write per page commits it; numpy lets go of the GIL meanwhile (MAP_POPULATE would
+    # hold it for the whole mmap call, stalling the engine's event loop).
+    pages[:, 0] = 0
+    return pages
 
 
 def runs(numbers: PageNumbers) -> list[tuple[int, int]]:
