@@ -239,6 +239,22 @@ def _table(results: dict[str, dict[str, dict[str, float]]], runs: int) -> None:
         print(f"{size}: " + ", ".join(parts))
 
 
+def markdown(results: dict[str, dict[str, dict[str, float]]], runs: int) -> str:
+    """The figures as one Markdown table per engine and for the peers."""
+    parts = []
+    for source, by_size in results.items():
+        names = list(dict.fromkeys(n for r in by_size.values() for n in r))
+        sizes = list(by_size)
+        lines = [f"| {source}, median of {runs} | " + " | ".join(sizes) + " |"]
+        lines.append("| --- |" + " ---: |" * len(sizes))
+        for name in names:
+            cells = [by_size[s].get(name) for s in sizes]
+            shown = ["" if c is None else f"{c:.3g}" if c < 100 else f"{c:.0f}" for c in cells]
+            lines.append(f"| {name} | " + " | ".join(shown) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -276,6 +292,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "snapshot.json").write_text(json.dumps({"runs": args.runs, **results}, indent=1))
     plot(results, OUT / "snapshot.png")
+    (OUT / "snapshot.md").write_text(markdown(results, args.runs))
     _table(results, args.runs)
     print(f"\nwrote {OUT / 'snapshot.json'} and {OUT / 'snapshot.png'}")
 

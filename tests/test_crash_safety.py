@@ -27,6 +27,7 @@ OPERATIONS: dict[str, Operation] = {
     "snapshot.memory": lambda sb, snap: sb.snapshot("doomed"),
     "snapshot.frozen": lambda sb, snap: sb.snapshot("doomed"),
     "snapshot.written": lambda sb, snap: sb.snapshot("doomed"),
+    "hibernate.captured": lambda sb, snap: sb.hibernate(),
     "fork.captured": lambda sb, snap: sb.fork(),
     "kill.destroyed": lambda sb, snap: sb.kill(),
 }

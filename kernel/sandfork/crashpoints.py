@@ -16,6 +16,7 @@ CRASH_POINTS = (
     "snapshot.memory",  # the VM runs on; its memory layer is half written
     "snapshot.frozen",  # the VM's disk layer is frozen, its record still names the old one
     "snapshot.written",  # the capture is complete in its staging folder, not yet listed
+    "hibernate.captured",  # a hibernating sandbox's capture is listed, its VM still runs
     "fork.captured",  # the fork's capture is listed (hidden), no child started yet
     "kill.destroyed",  # the VM is gone, the sandbox is still listed
 )

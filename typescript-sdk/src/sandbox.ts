@@ -292,6 +292,19 @@ export class Sandbox {
     return this;
   }
 
+  /**
+   * Capture the sandbox and stop its VM, freeing its memory; the next call to it (or `wake`)
+   * resumes it from the capture, under the same id.
+   */
+  async hibernate(): Promise<void> {
+    this.status = (await this.post<Record<string, any>>("/hibernate", {})).status;
+  }
+
+  /** Resume a hibernated sandbox now (a running one is left as it is). */
+  async wake(): Promise<void> {
+    this.status = (await this.post<Record<string, any>>("/wake", {})).status;
+  }
+
   /** Stop the sandbox and delete everything it owns. */
   async kill(): Promise<void> {
     await this.client.request("DELETE", `/sandboxes/${this.id}`);

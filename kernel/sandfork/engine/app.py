@@ -26,6 +26,7 @@ from sandfork.engine.handlers.base import ApiHandler
 from sandfork.engine.handlers.channels import ChannelsHandler
 from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler, RecordedExecStreamHandler
 from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
+from sandfork.engine.handlers.hibernation import HibernateHandler, WakeHandler
 from sandfork.engine.handlers.leases import LeaseHandler
 from sandfork.engine.handlers.lineage import PromoteHandler
 from sandfork.engine.handlers.repl import (
@@ -82,6 +83,8 @@ def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> we
         (rf"/v1/sandboxes/{_SBX}/exec/stream", ExecStreamHandler),
         (rf"/v1/sandboxes/{_SBX}/exec/stream/ledgered", RecordedExecStreamHandler),
         (rf"/v1/sandboxes/{_SBX}/promote", PromoteHandler),
+        (rf"/v1/sandboxes/{_SBX}/hibernate", HibernateHandler),
+        (rf"/v1/sandboxes/{_SBX}/wake", WakeHandler),
         (rf"/v1/sandboxes/{_SBX}/fs", FileHandler),
         (rf"/v1/sandboxes/{_SBX}/fs/dir", DirHandler),
         (rf"/v1/sandboxes/{_SBX}/fs/stat", StatHandler),

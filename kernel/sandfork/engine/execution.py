@@ -103,7 +103,7 @@ class ExecutionService:
         self, sandbox_id: str, op: str, args: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """One agent request within its deadline, agent failures mapped to API errors."""
-        live = self.sandboxes.live(sandbox_id)
+        live = await self.sandboxes.awake(sandbox_id)
         with agent_failures(live.record):
             return await live.instance.agent.request(
                 op, args, wait=default_wait(op, self.agent_timeout)
@@ -158,7 +158,7 @@ class ExecutionService:
         return await self._recorded(sandbox_id, "exec", request, self._exec(sandbox_id, command))
 
     async def _exec(self, sandbox_id: str, command: Command) -> dict[str, Any]:
-        live = self.sandboxes.live(sandbox_id)
+        live = await self.sandboxes.awake(sandbox_id)
         args = self._exec_args(command, stream=False)
         with agent_failures(live.record):
             result = await live.instance.agent.request(
@@ -174,7 +174,7 @@ class ExecutionService:
         """Run a shell command, yielding ``stdout``/``stderr`` events as they come and then
         ``result`` (the fields of :meth:`exec`'s answer). With ``request``, the call is
         recorded in the ledger like :meth:`exec` and its ``result`` carries its ``seq``."""
-        live = self.sandboxes.live(sandbox_id)  # a 404/409 before the stream starts
+        live = await self.sandboxes.awake(sandbox_id)  # a 404/409 before the stream starts
         args = self._exec_args(command, stream=True)
         events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
@@ -291,7 +291,7 @@ class ExecutionService:
     async def _run(
         self, sandbox_id: str, context: str, code: str, timeout: float | None, silent: bool = False
     ) -> dict[str, Any]:
-        live = self.sandboxes.live(sandbox_id)
+        live = await self.sandboxes.awake(sandbox_id)
         with agent_failures(live.record):
             return await live.runner.run(
                 context,

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +32,8 @@ from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, lo
 log = logging.getLogger(__name__)
 
 _WATCH_TICK = 1.0  # seconds between two checks of the VMs and the leases
+HIBERNATED = ("hibernated", "waking")  # statuses of a sandbox whose VM is stopped, state kept
 FORK_PARENT = "fork_parent_id"  # metadata of a fork child: the sandbox it was forked from
-PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
 
 
 @dataclass
@@ -75,6 +76,8 @@ class SandboxService:
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._watch_task: asyncio.Task[None] | None = None
         self.leases = Leases(tick=_WATCH_TICK)
+        # Wakes a hibernated sandbox from its capture (SnapshotService.wake sets itself).
+        self.waker: Callable[[str], Awaitable[object]] | None = None
 
     async def start(self) -> None:
         """Adopt the sandboxes an earlier engine left running, then watch them.
@@ -84,6 +87,9 @@ class SandboxService:
         while a sandbox was starting) are removed.
         """
         for record in list(self._records.values()):
+            if record.status == "waking":  # its capture is still there: wake it again later
+                record.status = "hibernated"
+                self.db.put(record)
             if record.status == "starting":
                 # Its creator never got an answer: the half-started VM goes (sweep below).
                 log.warning("dropping sandbox %s: the engine stopped while it started", record.id)
@@ -94,6 +100,8 @@ class SandboxService:
         swept = await asyncio.to_thread(self.backend.sweep, self.sandboxes_dir, set(self._live))
         for line in swept:
             log.warning("removed what an interrupted operation left: %s", line)
+        hibernated = {r.id for r in self._records.values() if r.status == "hibernated"}
+        self.store.drop_hibernations(keep=hibernated, sandboxes=self.all())
         self.store.collect(self.all())
         self.store.remove_strays()
         await asyncio.to_thread(self.store.drain)  # a clean slate before serving
@@ -107,7 +115,7 @@ class SandboxService:
             instance = await self.backend.adopt(Path(record.dir), Path(record.disk), pid)
             chain = await instance.disk_chain()
         except Exception as e:
-            self._mark_dead(record, f"its VM was gone when the engine restarted ({e})")
+            self.mark_dead(record, f"its VM was gone when the engine restarted ({e})")
             await asyncio.to_thread(self.backend.release, Path(record.dir))
             return
         self.store.adopt_chain(chain)
@@ -132,7 +140,7 @@ class SandboxService:
             await asyncio.sleep(_WATCH_TICK)
             for live in list(self._live.values()):
                 if not live.instance.is_alive():
-                    self._mark_dead(live.record, live.instance.failure_reason() or "its VM exited")
+                    self.mark_dead(live.record, live.instance.failure_reason() or "its VM exited")
                     self._live.pop(live.record.id, None)
                     await live.instance.destroy()
             for sandbox_id in self.leases.expired():
@@ -142,7 +150,8 @@ class SandboxService:
                 except Exception:
                     log.exception("killing sandbox %s failed", sandbox_id)
 
-    def _mark_dead(self, record: SandboxRecord, reason: str) -> None:
+    def mark_dead(self, record: SandboxRecord, reason: str) -> None:
+        """Record that a sandbox stopped for good, and why."""
         log.warning("sandbox %s is dead: %s", record.id, reason)
         record.status = "dead"
         record.error = reason
@@ -262,6 +271,16 @@ class SandboxService:
         self._records[sandbox_id] = record
         self.db.put(record)
         self.store.settle(disk)  # the record owns it now
+        try:
+            await self.run_vm(record, capture)
+        except Exception as e:
+            self._forget(sandbox_id)
+            raise ApiError(f"could not start the sandbox: {e}", 500) from e
+        return record
+
+    async def run_vm(self, record: SandboxRecord, capture: Capture) -> None:
+        """Boot or resume ``capture`` as the VM of ``record`` (on its disk); it runs after."""
+        directory, disk = Path(record.dir), Path(record.disk)
         started = time.monotonic()
 
         def spawned(pid: int) -> None:
@@ -272,7 +291,7 @@ class SandboxService:
         try:
             if capture.dir is None:
                 instance = await self.backend.create(
-                    capture.spec, directory, disk, spawned, host_access=host_access
+                    capture.spec, directory, disk, spawned, host_access=record.host_access
                 )
             else:
                 await asyncio.to_thread(self.backend.images.create_overlay, capture.disk, disk)
@@ -283,19 +302,34 @@ class SandboxService:
                     directory,
                     disk,
                     spawned,
-                    host_access=host_access,
+                    host_access=record.host_access,
                 )
                 await _after_resume(instance)
-        except Exception as e:
-            self._forget(sandbox_id)
+        except Exception:
             await asyncio.to_thread(self.backend.release, directory)
-            raise ApiError(f"could not start the sandbox: {e}", 500) from e
+            raise
         record.status = "running"
         record.pid = instance.pid
         record.boot_ms = int((time.monotonic() - started) * 1000)
         self.db.put(record)
-        self._live[sandbox_id] = Live(record, instance, CodeRunner(instance.agent))
+        self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
+
+    async def hibernated(self, sandbox_id: str) -> SandboxRecord:
+        """Stop the VM of a sandbox whose capture was just taken for hibernation; its record
+        stays, ``hibernated``, until it wakes. Call with the sandbox's lock held."""
+        record = self.get(sandbox_id)
+        record.status, record.pid = "hibernated", None
+        self.db.put(record)  # first: a VM left running by a crash here is swept at start
+        live = self._live.pop(sandbox_id, None)
+        if live is not None:
+            await live.instance.destroy()
         return record
+
+    async def awake(self, sandbox_id: str) -> Live:
+        """A running sandbox, woken first if it is hibernated (as any use of it does)."""
+        if self.get(sandbox_id).status in HIBERNATED and self.waker is not None:
+            await self.waker(sandbox_id)
+        return self.live(sandbox_id)
 
     def _forget(self, sandbox_id: str) -> None:
         self.leases.drop(sandbox_id)
@@ -361,39 +395,12 @@ class SandboxService:
                 await asyncio.to_thread(self.backend.release, Path(record.dir))
             crash_point("kill.destroyed")
             self._forget(sandbox_id)
+            self.store.drop_hibernations(keep=set(), sandboxes=self.all(), of=sandbox_id)
         self._locks.pop(sandbox_id, None)
 
     def lease_remaining(self, sandbox_id: str) -> float | None:
         """Seconds until the sandbox's lease runs out (``None``: it holds none)."""
         return self.leases.remaining(sandbox_id)
-
-    async def promote(
-        self, sandbox_id: str, *, kill_parent: bool, kill_siblings: bool
-    ) -> tuple[SandboxRecord, list[str]]:
-        """A fork child takes over from its parent: the parent (and, if asked, its other
-        children) are killed; the child loses ``fork_parent_id`` and gets ``promoted_from``.
-        Returns the child and the ids killed."""
-        child = self.get(sandbox_id)
-        parent_id = child.metadata.get(FORK_PARENT)
-        if parent_id is None:
-            raise BadRequest(f"sandbox {sandbox_id} is not a fork child: nothing to promote")
-        self.live(sandbox_id)  # promoting a dead child would leave nothing running
-        doomed = [parent_id] if kill_parent else []
-        if kill_siblings:
-            doomed += [
-                r.id
-                for r in self.all()
-                if r.metadata.get(FORK_PARENT) == parent_id and r.id != sandbox_id
-            ]
-        killed = []
-        for victim in doomed:
-            with contextlib.suppress(NotFound):  # already gone
-                await self.kill(victim)
-                killed.append(victim)
-        metadata = {k: v for k, v in child.metadata.items() if k != FORK_PARENT}
-        child.metadata = {**metadata, PROMOTED_FROM: parent_id}
-        self.db.put(child)
-        return child, killed
 
     def check_room(self, count: int, memory_mb: int) -> None:
         """Refuse new sandboxes that would go past the engine's limits (429)."""

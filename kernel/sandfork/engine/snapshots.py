@@ -32,6 +32,7 @@ from sandfork.protocol import new_snapshot_id as new_snapshot_id
 log = logging.getLogger(__name__)
 
 ATTACHMENTS = "attachments"  # the folder of a snapshot's attached files
+HIBERNATION = "hibernation_of"  # metadata of a hibernated sandbox's capture: the sandbox
 DISK_LAYER = ".qcow2"
 MEMORY_LAYER = ".mem"
 
@@ -197,13 +198,31 @@ class SnapshotStore:
         return record
 
     def visible(self, sandbox_id: str | None = None) -> list[SnapshotRecord]:
-        """Visible snapshots, newest first, optionally only those of one sandbox."""
+        """Visible snapshots, newest first, optionally only those of one sandbox (neither
+        forks' captures nor hibernated sandboxes')."""
         found = [
             s
             for s in self._records.values()
-            if not s.hidden and (sandbox_id is None or s.sandbox_id == sandbox_id)
+            if not s.hidden
+            and HIBERNATION not in s.metadata
+            and (sandbox_id is None or s.sandbox_id == sandbox_id)
         ]
         return sorted(found, key=lambda s: s.created_at, reverse=True)
+
+    def hibernation_of(self, sandbox_id: str) -> SnapshotRecord | None:
+        """The capture a hibernated sandbox wakes from (the newest, if a crash left two)."""
+        found = [s for s in self._records.values() if s.metadata.get(HIBERNATION) == sandbox_id]
+        return max(found, key=lambda s: s.created_at, default=None)
+
+    def drop_hibernations(
+        self, keep: set[str], sandboxes: list[SandboxRecord], of: str | None = None
+    ) -> None:
+        """Delete the hibernation captures (of sandbox ``of``, or of any) whose sandbox is
+        not in ``keep``: a sandbox killed, woken, or left running by a crash."""
+        for snap in list(self._records.values()):
+            owner = snap.metadata.get(HIBERNATION)
+            if owner is not None and owner not in keep and of in (None, owner):
+                self.delete(snap.id, sandboxes)
 
     def rename(self, snapshot_id: str, name: str) -> SnapshotRecord:
         """Give a snapshot a new name."""

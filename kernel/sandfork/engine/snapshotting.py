@@ -9,6 +9,7 @@ export is one self-contained file that another engine imports trusting nothing i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
@@ -18,20 +19,24 @@ from typing import Any
 from sandfork.backends.base import Backend
 from sandfork.crashpoints import crash_point
 from sandfork.engine import exchange
+from sandfork.engine.boot_captures import Capture
 from sandfork.engine.db import SandboxRecord, SnapshotRecord
-from sandfork.engine.errors import ApiError, Conflict
+from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
 from sandfork.engine.execution import ExecutionService
 from sandfork.engine.ledger import Ledger, now
 from sandfork.engine.limits import Limits
-from sandfork.engine.sandboxes import FORK_PARENT, SandboxService
+from sandfork.engine.sandboxes import FORK_PARENT, HIBERNATED, SandboxService
 from sandfork.engine.snapshots import (
     ATTACHMENTS,
+    HIBERNATION,
     MEMORY_LAYER,
     SnapshotStore,
     new_snapshot_id,
     stored_bytes,
     write_attachments,
 )
+
+PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
 
 
 class SnapshotService:
@@ -53,6 +58,7 @@ class SnapshotService:
         self.ledger = ledger
         self.backend = backend
         self.limits = limits
+        sandboxes.waker = self.wake
         self.tmp_dir = home / "tmp"  # export and import files; what a killed engine left goes
         exchange.reset_tmp(self.tmp_dir)
 
@@ -87,58 +93,109 @@ class SnapshotService:
         ``attachments`` are files stored with it (a notebook document, say), written before
         the snapshot is listed: it appears with them or not at all.
         """
-        live = self.sandboxes.live(sandbox_id)
-        record = live.record
+        live = await self.sandboxes.awake(sandbox_id)
         if not hidden:
             self.limits.check_snapshot(
                 sum(s.size_bytes for s in self.store.visible()),
                 live.instance.memory_bytes(),
             )
         async with self.sandboxes.lock(sandbox_id):
-            live = self.sandboxes.live(sandbox_id)  # it may have been killed while we waited
-            contexts = await self.execution.contexts(sandbox_id)
-            snapshot_id = new_snapshot_id()
-            # A fork's capture is thrown away once the children run: keep it off the disk.
-            staging = self.store.staging(snapshot_id, in_memory=hidden)
-            try:
-                stored = write_attachments(staging, attachments or {})
-            except ApiError:
-                self.store.abandon(snapshot_id, staging)
-                raise
-            frozen = Path(record.disk)
-            new_disk = self.store.new_layer(frozen)
-            memory = self.store.memory_chain(record.memory)
-            new_memory = self.store.new_layer(memory[0] if memory else None, MEMORY_LAYER)
-            try:
-                captured = await live.instance.snapshot(staging, new_disk, new_memory, memory)
-            except Exception as e:
-                self.store.abandon(snapshot_id, staging)
-                self.store.settle(new_disk, new_memory)
-                raise ApiError(f"the snapshot failed: {e}", 500) from e
-            self.store.set_backing(new_memory, captured.memory_backing)
-            crash_point("snapshot.frozen")
-            record.disk, record.memory = str(new_disk), str(new_memory)
+            return await self._capture(sandbox_id, name, hidden, metadata, attachments)
+
+    async def hibernate(self, sandbox_id: str) -> SandboxRecord:
+        """Capture a sandbox and stop its VM (its memory freed); any later use wakes it from
+        the capture under the same id (:meth:`SandboxService.wake`). Hibernating a
+        hibernated sandbox does nothing."""
+        if self.sandboxes.get(sandbox_id).status not in HIBERNATED:
+            self.sandboxes.live(sandbox_id)  # a 409 for a dead one
+        async with self.sandboxes.lock(sandbox_id):
+            record = self.sandboxes.get(sandbox_id)
+            if record.status in HIBERNATED:
+                return record
+            await self._capture(sandbox_id, None, False, {HIBERNATION: sandbox_id}, None)
+            crash_point("hibernate.captured")
+            return await self.sandboxes.hibernated(sandbox_id)
+
+    async def wake(self, sandbox_id: str) -> SandboxRecord:
+        """Resume a hibernated sandbox from its capture, under the same id; a running one is
+        left as it is. The capture is deleted once the sandbox runs again."""
+        async with self.sandboxes.lock(sandbox_id):
+            record = self.sandboxes.get(sandbox_id)
+            if record.status not in HIBERNATED:
+                return record
+            snap = self.store.hibernation_of(sandbox_id)
+            if snap is None:
+                self.sandboxes.mark_dead(record, "its hibernation capture is missing")
+                raise Conflict(f"sandbox {sandbox_id} cannot wake: its capture is missing")
+            memory = self.store.memory_chain(snap.memory)
+            capture = Capture(self.store.path(snap.id), snap.vm, Path(snap.disk), memory)
+            disk = self.store.new_layer(capture.disk)  # writes after the capture are dropped
+            record.status, record.disk = "waking", str(disk)
             self.sandboxes.save(record)
+            self.store.settle(disk)
+            try:
+                await self.sandboxes.run_vm(record, capture)
+            except Exception as e:
+                record.status = "hibernated"
+                self.sandboxes.save(record)
+                raise ApiError(f"could not wake sandbox {sandbox_id}: {e}", 500) from e
+            self.store.delete(snap.id, self.sandboxes.all())
+        return record
+
+    async def _capture(
+        self,
+        sandbox_id: str,
+        name: str | None,
+        hidden: bool,
+        metadata: dict[str, str] | None,
+        attachments: dict[str, bytes] | None,
+    ) -> SnapshotRecord:
+        """:meth:`snapshot`, the sandbox's lock held."""
+        live = self.sandboxes.live(sandbox_id)  # it may have been killed while we waited
+        record = live.record
+        contexts = await self.execution.contexts(sandbox_id)
+        snapshot_id = new_snapshot_id()
+        # A fork's capture is thrown away once the children run: keep it off the disk.
+        staging = self.store.staging(snapshot_id, in_memory=hidden)
+        try:
+            stored = write_attachments(staging, attachments or {})
+        except ApiError:
+            self.store.abandon(snapshot_id, staging)
+            raise
+        frozen = Path(record.disk)
+        new_disk = self.store.new_layer(frozen)
+        memory = self.store.memory_chain(record.memory)
+        new_memory = self.store.new_layer(memory[0] if memory else None, MEMORY_LAYER)
+        try:
+            captured = await live.instance.snapshot(staging, new_disk, new_memory, memory)
+        except Exception as e:
+            self.store.abandon(snapshot_id, staging)
             self.store.settle(new_disk, new_memory)
-            snap = SnapshotRecord(
-                id=snapshot_id,
-                name=name,
-                created_at=now(),
-                sandbox_id=sandbox_id,
-                template=record.template,
-                parent_id=record.from_snapshot,
-                disk=str(frozen),
-                memory=str(new_memory),
-                vm=record.vm,
-                size_bytes=sum(map(stored_bytes, (staging, frozen, new_memory))),
-                paused_ms=int(captured.paused * 1000),
-                contexts=[c["id"] for c in contexts.get("contexts", [])],
-                hidden=hidden,
-                metadata=metadata or {},
-                attachments=stored,
-            )
-            crash_point("snapshot.written")
-            self.store.publish(snap, staging)
+            raise ApiError(f"the snapshot failed: {e}", 500) from e
+        self.store.set_backing(new_memory, captured.memory_backing)
+        crash_point("snapshot.frozen")
+        record.disk, record.memory = str(new_disk), str(new_memory)
+        self.sandboxes.save(record)
+        self.store.settle(new_disk, new_memory)
+        snap = SnapshotRecord(
+            id=snapshot_id,
+            name=name,
+            created_at=now(),
+            sandbox_id=sandbox_id,
+            template=record.template,
+            parent_id=record.from_snapshot,
+            disk=str(frozen),
+            memory=str(new_memory),
+            vm=record.vm,
+            size_bytes=sum(map(stored_bytes, (staging, frozen, new_memory))),
+            paused_ms=int(captured.paused * 1000),
+            contexts=[c["id"] for c in contexts.get("contexts", [])],
+            hidden=hidden,
+            metadata=metadata or {},
+            attachments=stored,
+        )
+        crash_point("snapshot.written")
+        self.store.publish(snap, staging)
         return snap
 
     async def fork(
@@ -177,6 +234,34 @@ class SnapshotService:
             if reseed_python:
                 await self.execution.reseed_python(child.id)
         return made
+
+    async def promote(
+        self, sandbox_id: str, *, kill_parent: bool, kill_siblings: bool
+    ) -> tuple[SandboxRecord, list[str]]:
+        """A fork child takes over from its parent: the parent (and, if asked, its other
+        children) are killed; the child loses ``fork_parent_id`` and gets ``promoted_from``.
+        Returns the child and the ids killed."""
+        child = self.sandboxes.get(sandbox_id)
+        parent_id = child.metadata.get(FORK_PARENT)
+        if parent_id is None:
+            raise BadRequest(f"sandbox {sandbox_id} is not a fork child: nothing to promote")
+        self.sandboxes.live(sandbox_id)  # promoting a dead child would leave nothing running
+        doomed = [parent_id] if kill_parent else []
+        if kill_siblings:
+            doomed += [
+                r.id
+                for r in self.sandboxes.all()
+                if r.metadata.get(FORK_PARENT) == parent_id and r.id != sandbox_id
+            ]
+        killed = []
+        for victim in doomed:
+            with contextlib.suppress(NotFound):  # already gone
+                await self.sandboxes.kill(victim)
+                killed.append(victim)
+        metadata = {k: v for k, v in child.metadata.items() if k != FORK_PARENT}
+        child.metadata = {**metadata, PROMOTED_FROM: parent_id}
+        self.sandboxes.save(child)
+        return child, killed
 
     async def checkpoint(self, sandbox_id: str, name: str | None) -> dict[str, Any]:
         """Snapshot the sandbox and record a ``checkpoint_created`` event in its ledger."""

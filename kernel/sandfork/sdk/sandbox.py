@@ -354,6 +354,15 @@ class Sandbox:
         data = self.client.request("POST", f"/sandboxes/{self.id}/lease", json=body)
         self.lease_seconds = data["lease_seconds"]
 
+    def hibernate(self) -> None:
+        """Capture the sandbox and stop its VM, freeing its memory; the next call to it (or
+        :meth:`wake`) resumes it from the capture, under the same id."""
+        self.status = self.client.request("POST", f"/sandboxes/{self.id}/hibernate")["status"]
+
+    def wake(self) -> None:
+        """Resume a hibernated sandbox now (a running one is left as it is)."""
+        self.status = self.client.request("POST", f"/sandboxes/{self.id}/wake")["status"]
+
     def kill(self) -> None:
         """Stop the sandbox and delete everything it owns."""
         self.client.request("DELETE", f"/sandboxes/{self.id}")

@@ -19,13 +19,13 @@ class ChannelsHandler(EngineAccess, websocket.WebSocketHandler):
 
     _relay: KernelRelay | None = None
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         """Refuse, before the upgrade, a request without the key or to a sandbox not running."""
         if not has_api_key(self.request, self.settings["api_key"]):
             self._refuse(401, API_KEY_REQUIRED)
             return
         try:
-            self.sandboxes.live(self.path_args[0])
+            await self.sandboxes.awake(self.path_args[0])
         except ApiError as e:
             self._refuse(e.status, e.message)
 

@@ -50,7 +50,7 @@ class ExecStreamHandler(ApiHandler):
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
         command = command_field(body)
-        self.sandboxes.live(sandbox_id)  # a 404/409 before the stream starts
+        await self.sandboxes.awake(sandbox_id)  # a 404/409 before the stream starts
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
         try:

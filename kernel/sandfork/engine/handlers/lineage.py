@@ -16,7 +16,7 @@ class PromoteHandler(ApiHandler):
 
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
-        child, killed = await self.sandboxes.promote(
+        child, killed = await self.snapshots.promote(
             sandbox_id,
             kill_parent=field(body, "kill_parent", bool, True),
             kill_siblings=field(body, "kill_siblings", bool, False),
