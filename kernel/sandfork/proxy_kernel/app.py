@@ -15,9 +15,10 @@ from traitlets import Bool, Float, Int, Unicode, default
 
 from sandfork.client import EngineConnection
 from sandfork.protocol import DEFAULT_CONTEXT
+from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.proxy_kernel.lease import DEFAULT_SECONDS, LEASE_ENV
-from sandfork.proxy_kernel.proxy import Attachment, KernelProxy
-from sandfork.proxy_kernel.state import load_state, state_file
+from sandfork.proxy_kernel.proxy import KernelProxy
+from sandfork.proxy_kernel.state import Attachment, load_state, state_file
 from sandfork.sdk import Client, Sandbox
 
 
@@ -59,6 +60,15 @@ class SandforkKernelApp(JupyterApp):
         help="Grace period of the kernel's own sandbox: the engine kills it this long after the "
         f"kernel stopped renewing its lease (the kernel died). Default: ${LEASE_ENV}, else "
         f"{DEFAULT_SECONDS:g}; the engine accepts 5 to 3600."
+    ).tag(config=True)
+
+    checkpoint_cells = Bool(
+        False,
+        help="Capture the sandbox after every cell (incrementally), for %rewind; a notebook "
+        "turns it on or off with %checkpoints on|off.",
+    ).tag(config=True)
+    checkpoints_kept = Int(
+        20, help="Per-cell checkpoints kept per kernel; older ones are deleted."
     ).tag(config=True)
 
     @default("sandbox_id")
@@ -108,7 +118,8 @@ class SandforkKernelApp(JupyterApp):
         asyncio.run(self._serve(connection, self.attachment(state), state))
 
     async def _serve(self, connection: dict[str, Any], attachment: Attachment, state: Path) -> None:
-        proxy = KernelProxy(connection, attachment, state, self.lease_seconds)
+        checkpoints = CellCheckpoints(enabled=self.checkpoint_cells, kept=self.checkpoints_kept)
+        proxy = KernelProxy(connection, attachment, state, self.lease_seconds, checkpoints)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, proxy.terminate)
         # Interrupts come as messages (interrupt_mode: message); a terminal's Ctrl-C is not ours.

@@ -1,4 +1,5 @@
-"""The proxy's own magics: ``%snapshot``, ``%fork``, ``%restore`` and ``%sandbox``.
+"""The proxy's own magics: ``%snapshot``, ``%fork``, ``%restore``, ``%sandbox``,
+``%checkpoints`` and ``%rewind``.
 
 One of these on the first line of a cell is handled by the proxy, through the SDK, before the
 cell reaches the guest kernel; the guest then runs the cell with a one-line stand-in in the
@@ -13,10 +14,12 @@ import re
 from dataclasses import dataclass
 
 from sandfork.protocol import MAX_FORKS, is_snapshot_id
+from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.sdk import Sandbox, SandforkError, Snapshot
 
 _MAGIC = re.compile(
-    r"\A(?P<lead>\s*?)[ \t]*%(?P<name>snapshot|fork|restore|sandbox)(?:[ \t]+(?P<arg>[^\n]*?))?"
+    r"\A(?P<lead>\s*?)[ \t]*%(?P<name>snapshot|fork|restore|sandbox|checkpoints|rewind)"
+    r"(?:[ \t]+(?P<arg>[^\n]*?))?"
     r"[ \t\r]*(?:\n|\Z)"
 )
 
@@ -52,12 +55,20 @@ def parse(code: str) -> Magic | None:
     return Magic(match["name"], match["arg"] or "", lead, code[match.end() :])
 
 
-def run(magic: Magic, sandbox: Sandbox, lease_seconds: float | None = None) -> Outcome:
+def run(
+    magic: Magic,
+    sandbox: Sandbox,
+    lease_seconds: float | None = None,
+    checkpoints: CellCheckpoints | None = None,
+) -> Outcome:
     """Run ``magic`` against ``sandbox``; raises :class:`MagicError` on misuse.
 
-    A sandbox ``%restore`` creates has a lease of ``lease_seconds`` (the kernel renews it).
+    A sandbox ``%restore`` or ``%rewind`` creates has a lease of ``lease_seconds`` (the
+    kernel renews it); ``checkpoints`` are the kernel's per-cell checkpoints.
     """
     name, argument = magic.name, magic.argument
+    if name in ("checkpoints", "rewind"):
+        return _checkpoint_magic(magic, sandbox, lease_seconds, checkpoints or CellCheckpoints())
     try:
         if name == "snapshot":
             return Outcome(sandbox.snapshot(argument or None))
@@ -73,6 +84,35 @@ def run(magic: Magic, sandbox: Sandbox, lease_seconds: float | None = None) -> O
         return Outcome(describe(sandbox))
     except SandforkError as e:
         raise MagicError(f"%{name} failed: {e}") from e
+
+
+def _checkpoint_magic(
+    magic: Magic, sandbox: Sandbox, lease_seconds: float | None, checkpoints: CellCheckpoints
+) -> Outcome:
+    """``%checkpoints [on|off]`` and ``%rewind [n]``."""
+    if magic.name == "checkpoints":
+        if magic.argument not in ("", "on", "off"):
+            raise MagicError("usage: %checkpoints [on|off]")
+        if magic.argument:
+            checkpoints.enabled = magic.argument == "on"
+        state = "on" if checkpoints.enabled else "off"
+        return Outcome(f"checkpoints after every cell: {state} (the last {checkpoints.kept} kept)")
+    cells = _count(magic.argument, "%rewind [N]", 10**6)
+    try:
+        target = checkpoints.before_last(sandbox, cells)
+        restored = Sandbox.create(
+            from_snapshot=target.id, lease_seconds=lease_seconds, client=sandbox.client
+        )
+    except LookupError as e:
+        raise MagicError(f"%rewind: {e}") from e
+    except SandforkError as e:
+        raise MagicError(f"%rewind failed: {e}") from e
+    count = target.metadata.get("execution_count") or "?"
+    return Outcome(
+        f"rewound {cells} cell(s): the kernel as it was after execution {count} "
+        f"({target.id}), now in {restored.id}",
+        restored,
+    )
 
 
 def _snapshot_id(argument: str, sandbox: Sandbox) -> str:
@@ -101,11 +141,11 @@ def describe(sandbox: Sandbox) -> str:
     return "\n".join(lines)
 
 
-def _count(argument: str) -> int:
+def _count(argument: str, usage: str = "%fork [N]", most: int = MAX_FORKS) -> int:
     if not argument:
         return 1
-    if not argument.isdigit() or not 1 <= int(argument) <= MAX_FORKS:
-        raise MagicError(f"usage: %fork [N], with N from 1 to {MAX_FORKS}")
+    if not argument.isdigit() or not 1 <= int(argument) <= most:
+        raise MagicError(f"usage: {usage}, with N from 1 to {most}")
     return int(argument)
 
 

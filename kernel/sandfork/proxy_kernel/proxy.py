@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,33 +25,16 @@ import zmq
 from jupyter_client.session import DELIM
 
 from sandfork.proxy_kernel import magics
+from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.proxy_kernel.lease import keep_leased, renew
 from sandfork.proxy_kernel.link import GuestMessage, SandboxLink
 from sandfork.proxy_kernel.session import RelaySession, Request
-from sandfork.proxy_kernel.state import save_state
+from sandfork.proxy_kernel.state import Attachment
 from sandfork.sdk import Sandbox, SandforkError
 
 log = logging.getLogger(__name__)
 
 _RECONNECT_FOR = 60.0  # seconds the kernel tries to get its channels back after a drop
-
-
-@dataclass
-class Attachment:
-    """The sandbox the kernel runs in, and whether the kernel created it (and may kill it)."""
-
-    sandbox: Sandbox
-    context: str
-    owned: bool
-
-    def save(self, path: Path) -> None:
-        """Remember the attachment for the process a restart starts next."""
-        save_state(path, self.sandbox.id, self.context, self.owned)
-
-    @property
-    def leased(self) -> bool:
-        """True if the sandbox goes with the kernel: the kernel holds a lease on it."""
-        return self.owned and not self.sandbox.persistent
 
 
 class KernelProxy:
@@ -66,8 +49,10 @@ class KernelProxy:
         attachment: Attachment,
         state: Path,
         lease_seconds: float,
+        checkpoints: CellCheckpoints | None = None,
     ) -> None:
         self.attachment = attachment
+        self.checkpoints = checkpoints or CellCheckpoints()
         self.state = state
         self.lease_seconds = lease_seconds
         self.session = RelaySession(
@@ -213,9 +198,12 @@ class KernelProxy:
         if request.channel == "control" and kind == "shutdown_request":
             return self._shutdown(request)
         if kind == "execute_request":
-            magic = magics.parse(request.content().get("code", ""))
+            content = request.content()
+            magic = magics.parse(content.get("code", ""))
             if magic is not None:
                 return self._run_magic(request, magic)
+            metadata = json.loads(request.parts[2])
+            self.checkpoints.started(request.header["msg_id"], content.get("code", ""), metadata)
         self._forward(request)
         return None
 
@@ -281,7 +269,8 @@ class KernelProxy:
         outcome: magics.Outcome | magics.MagicError
         try:
             lease = self.lease_seconds  # a restored sandbox is the kernel's own: leased
-            outcome = await asyncio.to_thread(magics.run, magic, self.attachment.sandbox, lease)
+            sandbox, checkpoints = self.attachment.sandbox, self.checkpoints
+            outcome = await asyncio.to_thread(magics.run, magic, sandbox, lease, checkpoints)
         except magics.MagicError as e:
             outcome = e
         if isinstance(outcome, magics.Outcome) and outcome.sandbox is not None:
@@ -320,6 +309,18 @@ class KernelProxy:
         if message.channel in ("shell", "control") and msg_type.endswith("_reply"):
             del self._routes[parent]
         self._relay(message.channel, idents, message)
+        if msg_type == "execute_reply":
+            metadata = self.checkpoints.finished(parent, message.parts[3])
+            if metadata is not None and "shell" not in self._held:
+                # The next request waits for the checkpoint: it holds this cell's state.
+                self._hold("shell", self._checkpoint(metadata))
+
+    async def _checkpoint(self, metadata: dict[str, str]) -> None:
+        sandbox = self.attachment.sandbox
+        try:
+            await asyncio.to_thread(self.checkpoints.take, sandbox, metadata)
+        except SandforkError as e:
+            log.warning("the checkpoint of sandbox %s failed: %s", sandbox.id, e)
 
     def _relay(self, channel: str, idents: list[bytes], message: GuestMessage) -> None:
         """Send the guest's message on, its JSON as it came, signed with the client's key."""

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sandfork.sdk import Sandbox
 
 
 def state_file(connection_file: str) -> Path:
@@ -34,3 +37,21 @@ def load_state(path: Path) -> dict[str, Any] | None:
         return None
     data: dict[str, Any] = json.loads(text)
     return data
+
+
+@dataclass
+class Attachment:
+    """The sandbox the kernel runs in, and whether the kernel created it (and may kill it)."""
+
+    sandbox: Sandbox
+    context: str
+    owned: bool
+
+    def save(self, path: Path) -> None:
+        """Remember the attachment for the process a restart starts next."""
+        save_state(path, self.sandbox.id, self.context, self.owned)
+
+    @property
+    def leased(self) -> bool:
+        """True if the sandbox goes with the kernel: the kernel holds a lease on it."""
+        return self.owned and not self.sandbox.persistent

@@ -256,12 +256,14 @@ class Sandbox:
         """Read, write, list and delete files in the sandbox."""
         return Filesystem(self)
 
-    def snapshot(self, name: str | None = None) -> str:
+    def snapshot(self, name: str | None = None, metadata: dict[str, str] | None = None) -> str:
         """Freeze kernels, memory and disk into an immutable snapshot; return its id.
 
-        The sandbox keeps running.
+        The sandbox keeps running. ``metadata`` (string values) is kept with the snapshot.
         """
-        body = {"name": name} if name is not None else {}
+        body: dict[str, Any] = {"name": name} if name is not None else {}
+        if metadata:
+            body["metadata"] = metadata
         data = self.client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body)
         return str(data["id"])
 
