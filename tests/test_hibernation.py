@@ -40,6 +40,7 @@ def test_hibernated_sandbox_wakes_on_use_with_its_state(own_engine: EngineProces
         _sleeping_vm(own_engine, sandbox)
         assert len(own_engine.qemu_pids()) == len(running_pids) - 1  # its VM is gone
         sandbox.hibernate()  # idempotent
+        sandbox.renew_lease(600)  # whoever holds a sleeper keeps holding it
 
         # Any use wakes it: here a cell, through the same context.
         assert context.run_code("int(kept.sum())").text == str(sum(range(1_000_000)))

@@ -65,6 +65,10 @@ class Limits:
                 f"{estimate // _MIB} MiB more; the quota is {self.snapshot_quota_mb} MiB "
                 "(delete some snapshots, or raise snapshot_quota_mb)"
             )
+        self.check_disk(estimate)
+
+    def check_disk(self, estimate: int) -> None:
+        """Refuse a capture of about ``estimate`` bytes (a fork's, say) past the free disk."""
         self._check_free(self.snapshots_dir, estimate, "the snapshot store")
 
     @staticmethod

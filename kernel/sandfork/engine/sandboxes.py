@@ -373,7 +373,7 @@ class SandboxService:
         record = self.get(sandbox_id)
         if record.persistent:
             raise BadRequest(f"sandbox {sandbox_id} is persistent: it holds no lease")
-        if record.status != "running":
+        if record.status not in ("running", *HIBERNATED):  # a sleeper's holder keeps it
             raise Conflict(f"sandbox {sandbox_id} is not running: {record.error or record.status}")
         seconds = seconds or record.lease_seconds
         if seconds is None:

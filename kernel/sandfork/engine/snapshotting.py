@@ -204,6 +204,8 @@ class SnapshotService:
         """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
         parent = self.sandboxes.get(sandbox_id)
         self.sandboxes.check_room(count, parent.memory_mb)
+        # Its capture is not a listed snapshot (no quota), but its memory layer is on disk.
+        self.limits.check_disk((await self.sandboxes.awake(sandbox_id)).instance.memory_bytes())
         snap = await self.snapshot(sandbox_id, hidden=True)
         crash_point("fork.captured")
         try:
