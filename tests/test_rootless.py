@@ -8,6 +8,7 @@ removes it afterwards); the user's processes are ended by their ids.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from sandfork.sdk import Client, Sandbox
 from sandfork.templates import BuiltTemplate
-from unprivileged import UnprivilegedUser, new_user
+from unprivileged import UnprivilegedUser, install_wheel, new_user
 
 pytestmark = [
     pytest.mark.vm,
@@ -84,20 +86,9 @@ def user() -> Iterator[User]:
 
 
 @pytest.fixture(scope="module")
-def installed(user: User, tmp_path_factory: pytest.TempPathFactory) -> User:
+def installed(user: User) -> User:
     """The wheel built from this checkout, installed into the user's own virtualenv."""
-    out = tmp_path_factory.mktemp("wheel")
-    env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
-        check=True,
-        env=env,
-        cwd=REPO,
-    )
-    (wheel,) = out.glob("sandfork-*.whl")
-    given = user.give(wheel)
-    user.check("/usr/bin/python3", "-m", "venv", str(user.venv))
-    user.check(str(user.venv / "bin" / "pip"), "install", "-q", str(given), timeout=600)
+    install_wheel(user, REPO, user.venv, user.env())
     return user
 
 
@@ -128,11 +119,20 @@ def test_build_as_user_gives_the_same_key_and_owns_its_cache(built: User) -> Non
 @pytest.fixture(scope="module")
 def engine_url(built: User) -> Iterator[tuple[str, str]]:
     """``sandfork serve`` as the user (its own state folder); stopped by its id."""
-    state = built.home / "state"
-    log = built.home / "engine.log"
+    with _serving(built, "state") as found:
+        yield found
+
+
+@contextlib.contextmanager
+def _serving(
+    built: User, name: str, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, str]]:
+    """An engine run by the user, its state in ``~/name``: its URL and API key."""
+    state = built.home / name
+    log = built.home / f"{name}.log"
     proc = built.start(
         [str(built.venv / "bin" / "sandfork"), "serve", "--port", "0", "--state-dir", str(state)],
-        built.env(),
+        built.env(env),
         cwd=built.home,
         output=log,
     )
@@ -175,6 +175,22 @@ def test_two_turns_and_a_kernel_cell_as_the_user(built: User, engine_url: tuple[
     cell = built.home / "cell.py"
     cell.write_text(KERNEL_CELL)
     assert built.check(python, str(cell), env=api).strip().splitlines()[-1] == "42 0"
+
+
+def test_a_template_exported_by_root_runs_for_the_user(installed: User, template: None) -> None:
+    exported = installed.home / "code-interpreter.sandfork-template"
+    export = [sys.executable, "-m", "sandfork", "template", "export", "code-interpreter"]
+    subprocess.run([*export, str(exported)], check=True, capture_output=True)  # root's build
+    os.chown(exported, installed.uid, installed.gid)
+    cache = {"SANDFORK_CACHE_DIR": str(installed.home / "imported-cache")}
+    sandfork = str(installed.venv / "bin" / "sandfork")
+    installed.check(sandfork, "template", "import", str(exported), env=cache)
+    with _serving(installed, "imported-state", cache) as (url, key):
+        sandbox = Sandbox.create("code-interpreter", client=Client(url, key))
+        try:
+            assert sandbox.create_code_context().run_code("6 * 7").text == "42"
+        finally:
+            sandbox.kill()
 
 
 def _bin_without_qemu(where: Path) -> Path:

@@ -8,8 +8,11 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -152,3 +155,26 @@ def processes_of(uid: int, command: bytes = b"") -> list[int]:
                 if not command or command in (entry / "cmdline").read_bytes():
                     pids.append(int(entry.name))
     return pids
+
+
+def install_wheel(user: UnprivilegedUser, repo: Path, venv: Path, env: Mapping[str, str]) -> None:
+    """Build the wheel of the checkout ``repo`` (its lab extension included) and install it
+    into a new virtualenv ``venv`` of the user's, with the system's Python 3."""
+    out = Path(tempfile.mkdtemp(prefix="wheel-"))
+    try:
+        build_env = {**os.environ, "PATH": f"{repo / '.venv' / 'bin'}:{os.environ['PATH']}"}
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(repo)],
+            check=True,
+            env=build_env,
+            cwd=repo,
+        )
+        (wheel,) = out.glob("sandfork-*.whl")
+        given = user.home / wheel.name
+        shutil.copyfile(wheel, given)
+        os.chown(given, user.uid, user.gid)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    user.output(["/usr/bin/python3", "-m", "venv", str(venv)], env, cwd=user.home, timeout=300)
+    pip = [str(venv / "bin" / "pip"), "install", "-q", str(given)]
+    user.output(pip, env, cwd=user.home, timeout=600)

@@ -162,7 +162,7 @@ def write_capture(
 
 def restore_pages(chain: list[Path], ram_pages: int) -> tuple[PageNumbers, Pages]:
     """What a VM mapping the chain's full image must have written over it: the pages the
-    chain's deltas hold, newest first."""
+    chain's deltas hold (ascending), each as the newest delta holding it has it."""
     view = MemoryView(chain, ram_pages)
     numbers = view.delta_numbers()
     return numbers, view.gather(numbers)
