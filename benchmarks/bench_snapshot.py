@@ -9,8 +9,9 @@ distinct pages and measures, medians over ``--runs``:
 - snapshot after the whole state changed (time, parent paused, bytes stored);
 - a second snapshot after 10 MB changed, and one of an unchanged sandbox (pause, bytes added);
 - restore to the first ``run_code`` result, also with the page cache dropped first (root);
-- fork to the child's first result (and the parent's pause), fork_tree(16) with the memory
-  the 16 idle children add (PSS of their QEMU processes), 16 sandboxes from the template.
+- fork to the child's first result, of the filled sandbox and of one restored from its
+  snapshot; fork_tree(16) of both with the memory the 16 idle children add (PSS of their QEMU
+  processes); 16 sandboxes from the template.
 
 Peers in the same run: CRIU 4 dump/restore of a local Python process holding the same kind
 of array, and Kishu's commit/checkout of a local kernel holding it. Writes
@@ -114,6 +115,9 @@ def measure(engine: EngineProcess, size: int, runs: int, full: bool) -> Rows:
                     add("restored, 10 MB changed: paused (s)", snap_r.paused_ms / 1000)
                     add("restored, 10 MB changed: added (MB)", snap_r.size_bytes / 1e6)
                     snap_r.delete()
+                    seconds, child = clock(lambda r=restored: _first_result(r.fork()))  # type: ignore[misc]
+                    add("restored: fork to first result (s)", seconds)
+                    child.kill()
                 restored.kill()
             seconds, child = clock(lambda: _first_result(sb.fork()))
             add("fork to first result (s)", seconds)
@@ -121,13 +125,19 @@ def measure(engine: EngineProcess, size: int, runs: int, full: bool) -> Rows:
             for snap_id in (snap.id, again.id, same.id):
                 Snapshot.get(snap_id, client=client).delete()
         if full:
-            seconds, children = clock(lambda: sb.fork_tree(16))
-            add("fork_tree(16) (s)", seconds)
-            for child in children:
-                _check(child)
-            add("fork_tree(16): children's PSS (MB)", _pss(_pids(engine, children)) / 1e6)
-            for child in children:
-                child.kill()
+            base = _snapshot(client, sb)
+            restored = _restored(client, base.id)
+            for parent, label in ((sb, ""), (restored, "restored: ")):
+                seconds, children = clock(lambda p=parent: p.fork_tree(16))  # type: ignore[misc]
+                add(f"{label}fork_tree(16) (s)", seconds)
+                for child in children:
+                    _check(child)
+                pss = _pss(_pids(engine, children)) / 1e6
+                add(f"{label}fork_tree(16): children's PSS (MB)", pss)
+                for child in children:
+                    child.kill()
+            restored.kill()
+            base.delete()
             seconds, fresh = clock(lambda: _from_template(client, memory_mb, 16))
             add("16 from template (s)", seconds)
             add("16 from template: PSS (MB)", _pss(_pids(engine, fresh)) / 1e6)
@@ -191,18 +201,28 @@ def plot(results: dict[str, dict[str, dict[str, float]]], out: Path) -> None:
         ],
         "fork to first result (s)": [
             ("copy-on-write", "fork to first result (s)"),
+            ("copy-on-write", "restored: fork to first result (s)"),
             ("copying", "fork to first result (s)"),
+            ("copying", "restored: fork to first result (s)"),
         ],
     }
+    # One look per source: Sandfork's blue (dashed for a variant), copying orange, peers.
+    colours = {"copy-on-write": "tab:blue", "copying": "tab:orange"}
+    peers = {"CRIU dump (s)": "tab:green", "CRIU restore (s)": "tab:green"}
+    peers |= {"Kishu commit (s)": "tab:red", "Kishu checkout (s)": "tab:red"}
     sizes = list(results["copy-on-write"])
     xs = [SIZES[s] / MIB for s in sizes]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (title, lines) in zip(axes, panels.items(), strict=True):
+        seen: set[str] = set()  # a source's second line in a panel is dashed
         for source, name in lines:
             ys = [results[source].get(s, {}).get(name) for s in sizes]
             if any(y is not None for y in ys):
                 label = name if source == "peers" else f"{source}: {name}"
-                ax.plot(xs, [y if y is not None else float("nan") for y in ys], "o-", label=label)
+                style = "o--" if source in seen and source != "peers" else "o-"
+                seen.add(source)
+                values = [y if y is not None else float("nan") for y in ys]
+                ax.plot(xs, values, style, color=peers.get(name) or colours[source], label=label)
         ax.set(title=title, xlabel="kernel state (MiB)", xscale="log", yscale="log")
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -262,7 +282,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--no-peers", action="store_true", help="skip CRIU and Kishu")
+    parser.add_argument(
+        "--plot-only", action="store_true", help="redraw the plot and table from the JSON"
+    )
     args = parser.parse_args()
+    if args.plot_only:
+        saved = json.loads((OUT / "snapshot.json").read_text())
+        runs = saved.pop("runs")
+        plot(saved, OUT / "snapshot.png")
+        (OUT / "snapshot.md").write_text(markdown(saved, runs))
+        return
 
     results: dict[str, dict[str, dict[str, float]]] = {"copy-on-write": {}, "copying": {}}
     results["peers"] = {}
