@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandfork import manifest_checks as checks
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import SnapshotRecord
 from sandfork.engine.errors import BadRequest
@@ -38,7 +39,6 @@ MAX_DISK_BYTES = 64 * 2**30  # all layers of one snapshot together
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SANDBOX_ID = re.compile(SANDBOX_ID)
 _CONTEXT_ID = re.compile(CONTEXT_ID)
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 SNAPSHOT_FIELDS = {
@@ -105,27 +105,15 @@ def _fail(problem: str) -> BadRequest:
 
 
 def _object(value: object, where: str, required: set[str], optional: set[str]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(f"{where} must be an object")
-    unknown = sorted(set(value) - required - optional)
-    if unknown:
-        raise _fail(f"unknown field {unknown[0][:100]!r} in {where}")
-    missing = sorted(required - set(value))
-    if missing:
-        raise _fail(f"{where} lacks the field {missing[0]!r}")
-    return value
+    return checks.fields(value, where, required, _fail, optional)
 
 
 def _int(value: object, where: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _fail(f"{where} must be an integer from {lo} to {hi}")
-    return value
+    return checks.integer(value, where, lo, hi, _fail)
 
 
 def _str(value: object, where: str, pattern: re.Pattern[str]) -> str:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise _fail(f"{where} is not a valid value ({pattern.pattern})")
-    return value
+    return checks.matching(value, where, pattern, _fail)
 
 
 def _checked(check: Callable[[str], str], value: object, where: str) -> str:
@@ -198,14 +186,8 @@ def _snapshot_fields(
 
 def parse_manifest(data: bytes, limits: ImportLimits) -> Manifest:
     """Validate a manifest against the schema and this engine's ``limits``."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        if len({k for k, _ in pairs}) != len(pairs):
-            raise _fail("a field appears twice")
-        return dict(pairs)
-
     try:
-        raw = json.loads(data.decode(), object_pairs_hook=unique)
+        raw = json.loads(data.decode(), object_pairs_hook=checks.no_repeats(_fail))
         json.dumps(raw, ensure_ascii=False).encode()  # no lone surrogates from \ud800 escapes
     except (UnicodeError, ValueError) as e:
         raise _fail("it is not JSON (UTF-8, without lone surrogates)") from e
@@ -220,9 +202,7 @@ def parse_manifest(data: bytes, limits: ImportLimits) -> Manifest:
     listed = _object(top["members"], "members", expected, set())
     members: dict[str, tuple[int, str]] = {}
     for name in sorted(expected):
-        entry = _object(listed[name], f"members[{name!r}]", {"size", "sha256"}, set())
-        size = _int(entry["size"], f"members[{name!r}].size", 0, _cap(name, limits))
-        members[name] = (size, _str(entry["sha256"], f"members[{name!r}].sha256", _SHA256))
+        members[name] = checks.member(listed[name], name, 0, _cap(name, limits), _fail)
     if members["memory.img"][0] > vm["memory_mb"] * 2**20:
         raise _fail("memory.img is larger than the snapshot's memory")
     attached = sum(s for n, (s, _) in members.items() if n.startswith(ATTACHMENT_PREFIX))

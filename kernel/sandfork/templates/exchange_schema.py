@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from sandfork import manifest_checks as checks
+
 from .boot import key16
 from .errors import TemplateError
 from .spec import check_template_name
@@ -29,7 +31,6 @@ MEMBERS = (*BOOT_MEMBERS, "rootfs.qcow2")
 _BOOT_CAP = 512 << 20  # a kernel or an initramfs
 _IMAGE_CAP = 64 << 30
 _KEY = re.compile(r"[0-9a-f]{16}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -62,30 +63,14 @@ def _fail(problem: str) -> TemplateError:
     return TemplateError(f"the template file's manifest is invalid: {problem}")
 
 
-def _object(
-    value: object, where: str, required: set[str], optional: frozenset[str] = frozenset()
-) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(f"{where} must be an object")
-    unknown = sorted(set(value) - required - optional)
-    if unknown:
-        raise _fail(f"unknown field {str(unknown[0])[:100]!r} in {where}")
-    missing = sorted(required - set(value))
-    if missing:
-        raise _fail(f"{where} lacks the field {missing[0]!r}")
-    return value
-
-
-def _match(value: object, where: str, pattern: re.Pattern[str]) -> str:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise _fail(f"{where} is not a valid value ({pattern.pattern})")
-    return value
+def _object(value: object, where: str, required: set[str]) -> dict[str, Any]:
+    return checks.fields(value, where, required, _fail)
 
 
 def _artifact(value: object, kind: str) -> tuple[str, dict[str, Any]]:
     """The key and build manifest of the artifact ``kind`` (boot or rootfs)."""
     entry = _object(value, kind, {"key", "manifest"})
-    key = _match(entry["key"], f"{kind}.key", _KEY)
+    key = checks.matching(entry["key"], f"{kind}.key", _KEY, _fail)
     manifest = entry["manifest"]
     if not isinstance(manifest, dict):
         raise _fail(f"{kind}.manifest must be an object")
@@ -97,24 +82,12 @@ def _artifact(value: object, kind: str) -> tuple[str, dict[str, Any]]:
     return key, manifest
 
 
-def _size(value: object, where: str, cap: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= cap:
-        raise _fail(f"{where} must be an integer from 1 to {cap}")
-    return value
-
-
 def parse_manifest(data: bytes) -> ExportManifest:
     """Validate the manifest ``data`` (the first member of an exported template file)."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        if len({k for k, _ in pairs}) != len(pairs):
-            raise _fail("a field appears twice")
-        return dict(pairs)
-
     if len(data) > MAX_MANIFEST_BYTES:
         raise _fail("it is larger than 1 MiB")
     try:
-        raw = json.loads(data.decode(), object_pairs_hook=unique)
+        raw = json.loads(data.decode(), object_pairs_hook=checks.no_repeats(_fail))
     except (UnicodeError, ValueError) as e:
         raise _fail("it is not JSON (UTF-8)") from e
     top = _object(raw, "the manifest", {"format", "name", "boot", "rootfs", "members"})
@@ -132,8 +105,6 @@ def parse_manifest(data: bytes) -> ExportManifest:
     listed = _object(top["members"], "members", expected)
     members: dict[str, tuple[int, str]] = {}
     for member in (n for n in MEMBERS if n in expected):
-        entry = _object(listed[member], f"members[{member!r}]", {"size", "sha256"})
         cap = _IMAGE_CAP if member == "rootfs.qcow2" else _BOOT_CAP
-        size = _size(entry["size"], f"members[{member!r}].size", cap)
-        members[member] = (size, _match(entry["sha256"], f"members[{member!r}].sha256", _SHA256))
+        members[member] = checks.member(listed[member], member, 1, cap, _fail)
     return ExportManifest(name, boot_key, boot_manifest, rootfs_key, rootfs_manifest, members)

@@ -1,0 +1,68 @@
+"""Checks of the manifest that heads an exported file (a snapshot's or a template's), which
+nothing vouches for: JSON objects with no field twice, fields of known names only, bounded
+integers, strings of a pattern, and member entries (size and SHA-256).
+
+Each check raises the caller's own error, made by ``fail`` from a message that says where the
+document is wrong, so the snapshot and template imports word their refusals alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection
+from typing import Any
+
+Fail = Callable[[str], Exception]
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def no_repeats(fail: Fail) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """A ``json.loads`` ``object_pairs_hook`` that refuses a field given twice in one object."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len({k for k, _ in pairs}) != len(pairs):
+            raise fail("a field appears twice")
+        return dict(pairs)
+
+    return unique
+
+
+def fields(
+    value: object,
+    where: str,
+    required: Collection[str],
+    fail: Fail,
+    optional: Collection[str] = frozenset(),
+) -> dict[str, Any]:
+    """``value`` if it is an object with every ``required`` field and no unknown one."""
+    if not isinstance(value, dict):
+        raise fail(f"{where} must be an object")
+    unknown = sorted(set(value) - set(required) - set(optional))
+    if unknown:
+        raise fail(f"unknown field {str(unknown[0])[:100]!r} in {where}")
+    missing = sorted(set(required) - set(value))
+    if missing:
+        raise fail(f"{where} lacks the field {missing[0]!r}")
+    return value
+
+
+def integer(value: object, where: str, lo: int, hi: int, fail: Fail) -> int:
+    """``value`` if it is an integer (not a boolean) from ``lo`` to ``hi``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise fail(f"{where} must be an integer from {lo} to {hi}")
+    return value
+
+
+def matching(value: object, where: str, pattern: re.Pattern[str], fail: Fail) -> str:
+    """``value`` if it is a string that ``pattern`` matches whole."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise fail(f"{where} is not a valid value ({pattern.pattern})")
+    return value
+
+
+def member(value: object, name: str, smallest: int, cap: int, fail: Fail) -> tuple[int, str]:
+    """The listed size (``smallest`` to ``cap``) and SHA-256 of the member ``name``."""
+    where = f"members[{name!r}]"
+    entry = fields(value, where, {"size", "sha256"}, fail)
+    size = integer(entry["size"], f"{where}.size", smallest, cap, fail)
+    return size, matching(entry["sha256"], f"{where}.sha256", SHA256, fail)
