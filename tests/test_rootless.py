@@ -23,6 +23,7 @@ import pytest
 
 from sandfork.sdk import Client, Sandbox
 from sandfork.templates import BuiltTemplate
+from turns import TURN2_FINDS
 from unprivileged import UnprivilegedUser, install_wheel, new_user
 
 pytestmark = [
@@ -165,13 +166,7 @@ def test_two_turns_and_a_kernel_cell_as_the_user(built: User, engine_url: tuple[
     found = json.loads(
         built.check(python, turns, "turn2", snapshot_id, env=api).strip().splitlines()[-1]
     )
-    assert found == {
-        "rows": "100000",
-        "stdout": "24999.75\n",
-        "error": None,
-        "kernel_tabulate": "'0.9.0'",
-        "exec_tabulate": "0.9.0",
-    }
+    assert found == TURN2_FINDS
     cell = built.home / "cell.py"
     cell.write_text(KERNEL_CELL)
     assert built.check(python, str(cell), env=api).strip().splitlines()[-1] == "42 0"

@@ -16,6 +16,7 @@ import requests
 
 from conftest import EngineProcess
 from sandfork.sdk import Client, NotFoundError, Sandbox, SandforkError, Snapshot
+from turns import TURN2_FINDS
 
 pytestmark = pytest.mark.vm
 
@@ -37,13 +38,7 @@ def test_two_turns_in_two_processes_across_an_engine_restart(own_engine: EngineP
     own_engine.stop()
     own_engine.start()
     found = json.loads(_turn(own_engine, "turn2", snapshot_id))
-    assert found == {
-        "rows": "100000",
-        "stdout": "24999.75\n",
-        "error": None,
-        "kernel_tabulate": "'0.9.0'",
-        "exec_tabulate": "0.9.0",
-    }
+    assert found == TURN2_FINDS
 
 
 def test_restores_diverge_and_files_follow_the_snapshot(client: Client) -> None:

@@ -13,6 +13,14 @@ import sys
 
 from sandfork import Sandbox
 
+TURN2_FINDS = {  # what turn 2 prints when turn 1's kernel, memory and disk came back
+    "rows": "100000",
+    "stdout": "24999.75\n",
+    "error": None,
+    "kernel_tabulate": "'0.9.0'",
+    "exec_tabulate": "0.9.0",
+}
+
 
 def turn1() -> None:
     sandbox = Sandbox.create(template="code-interpreter")
