@@ -94,11 +94,11 @@ class SnapshotService:
         the snapshot is listed: it appears with them or not at all.
         """
         live = await self.sandboxes.awake(sandbox_id)
-        if not hidden:
-            self.limits.check_snapshot(
-                sum(s.size_bytes for s in self.store.visible()),
-                live.instance.memory_bytes(),
-            )
+        estimate = live.instance.memory_bytes()
+        if hidden:  # a fork's capture: no quota (it is not listed), but its layers are on disk
+            self.limits.check_disk(estimate)
+        else:
+            self.limits.check_snapshot(sum(s.size_bytes for s in self.store.visible()), estimate)
         async with self.sandboxes.lock(sandbox_id):
             return await self._capture(sandbox_id, name, hidden, metadata, attachments)
 
@@ -204,8 +204,6 @@ class SnapshotService:
         """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
         parent = self.sandboxes.get(sandbox_id)
         self.sandboxes.check_room(count, parent.memory_mb)
-        # Its capture is not a listed snapshot (no quota), but its memory layer is on disk.
-        self.limits.check_disk((await self.sandboxes.awake(sandbox_id)).instance.memory_bytes())
         snap = await self.snapshot(sandbox_id, hidden=True)
         crash_point("fork.captured")
         try:
