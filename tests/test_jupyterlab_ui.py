@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import requests
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, Route, expect, sync_playwright
 
 from conftest import EngineProcess
 
@@ -241,6 +241,17 @@ def _sessions_by_path(lab: Lab) -> dict[str, list[dict[str, Any]]]:
     return sessions
 
 
+def _answer_late(route: Route) -> None:
+    """Pass a POST on to the server, and its answer back 1.5 s after it came (the operation
+    is over by then; the server still answers its progress polls for a minute)."""
+    if route.request.method != "POST":
+        route.continue_()
+        return
+    response = route.fetch()
+    time.sleep(1.5)
+    route.fulfill(response=response)
+
+
 def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     progress_polls: list[int] = []  # statuses of the front end's progress polls
@@ -271,11 +282,15 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
     expect(status).to_have_text(re.compile(r"(TCG|KVM) · \d+ (GiB|MiB)"))
 
     _run_cell(page, "x = 41")
+    # With copy-on-write memory a snapshot can finish before the front end's first progress
+    # poll (500 ms in): its answer is held a while, so the poll runs while it is awaited.
+    page.route("**/sandfork/api/snapshots", _answer_late)
     _toolbar_button(page, "snapshot").click()
     page.locator(".jp-Dialog input").fill("x is 41")
     _accept_dialog(page)
     done = page.get_by_text(re.compile(r"Snapshot x is 41 \(snap_[0-9a-f]+\) taken"))
     expect(done).to_be_visible()
+    page.unroute("**/sandfork/api/snapshots", _answer_late)
     [snapshot] = lab.api("GET", "sandfork/api/snapshots")["snapshots"]
     assert snapshot["name"] == "x is 41"
     assert snapshot["notebook_path"] == "Untitled.ipynb"
