@@ -219,6 +219,19 @@ def no_leaked_sandboxes(request: pytest.FixtureRequest) -> Iterator[None]:
         )
 
 
+@pytest.fixture(scope="module")
+def kernel_engine_env(engine: EngineProcess) -> Iterator[None]:
+    """Kernels started in the module find the test engine through the environment."""
+    saved = {k: os.environ.get(k) for k in ("SANDFORK_API", "SANDFORK_API_KEY")}
+    os.environ["SANDFORK_API"], os.environ["SANDFORK_API_KEY"] = engine.url, engine.api_key
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture
 def client(engine: EngineProcess) -> Client:
     """An SDK client of the session's engine."""

@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
-from jupyter_server.auth import Authorizer
-from tornado.httpclient import HTTPClientError, HTTPResponse
 
 from conftest import EngineProcess
+from jupyter_server_fixtures import (  # noqa: F401 (fixtures, found by name)
+    Fetch,
+    attached,
+    call,
+    jp_server_config,
+    kernels_shut_down_after_the_test,
+    notebook,
+    run,
+    start_session,
+    wait_step,
+)
 from sandfork.sdk import Sandbox
-
-Fetch = Callable[..., Awaitable[HTTPResponse]]
 
 ENDPOINTS = [
     ("GET", "sandfork/api/kernels/k1", None),
@@ -32,72 +36,14 @@ ENDPOINTS = [
     ("POST", "sandfork/api/forks", {}),
     ("GET", "sandfork/api/operations/op1", None),
     ("GET", "sandfork/api/config", None),
+    ("GET", "sandfork/api/snapshots/snap_0123456789abcdef/inventory", None),
+    ("GET", "sandfork/api/snapshots/snap_0123456789abcdef/diff/snap_0123456789abcdef", None),
 ]
-
-
-class DenyByHeader(Authorizer):
-    """Test authorizer: refuses the resources named in the request's ``X-Deny`` header.
-
-    The policy is a stand-in; what is tested is that every handler asks it, for the right
-    resources."""
-
-    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
-        return resource not in handler.request.headers.get("X-Deny", "").split(",")
-
-
-@pytest.fixture
-def jp_server_config(
-    engine: EngineProcess, monkeypatch: pytest.MonkeyPatch, jp_data_dir: Path
-) -> dict[str, Any]:
-    # pytest-jupyter isolates the Jupyter paths: give it the kernelspec `pip install` put here.
-    installed = Path(sys.prefix, "share", "jupyter", "kernels", "sandfork")
-    shutil.copytree(installed, jp_data_dir / "kernels" / "sandfork")
-    # Kernels the server starts find the engine through the environment, like in real use.
-    monkeypatch.setenv("SANDFORK_API", engine.url)
-    monkeypatch.setenv("SANDFORK_API_KEY", engine.api_key)
-    return {
-        "ServerApp": {
-            "jpserver_extensions": {"sandfork.jupyter": True},
-            "authorizer_class": DenyByHeader,
-        },
-        "EngineConnection": {"engine_url": engine.url, "api_key": engine.api_key},
-    }
-
-
-@pytest.fixture(autouse=True)
-def kernels_shut_down_after_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Shut the server's kernels down (each kills the sandbox it owns) when the test ends:
-    before conftest's leak check, which pytest-jupyter's own cleanup would come after."""
-    if "jp_serverapp" not in request.fixturenames:
-        yield
-        return
-    serverapp = request.getfixturevalue("jp_serverapp")
-    loop = request.getfixturevalue("jp_asyncio_loop")
-    yield
-    loop.run_until_complete(serverapp.kernel_manager.shutdown_all())
-
-
-async def _call(
-    fetch: Fetch, method: str, path: str, body: Any = None, **kwargs: Any
-) -> tuple[int, Any]:
-    """(status, decoded JSON body) of a request, errors included."""
-    if body is not None:
-        kwargs["body"] = body if isinstance(body, str) else json.dumps(body)
-    elif method in ("POST", "PATCH"):
-        kwargs["body"] = "{}"
-    kwargs.setdefault("request_timeout", 300)
-    try:
-        response = await fetch(*path.split("/"), method=method, **kwargs)
-    except HTTPClientError as e:
-        assert e.response is not None
-        response = e.response
-    data = json.loads(response.body) if response.body else None
-    return response.code, data
 
 
 async def test_every_endpoint_needs_authentication(jp_fetch: Fetch) -> None:
     for method, path, body in ENDPOINTS:
-        status, data = await _call(jp_fetch, method, path, body, headers={"Authorization": ""})
+        status, data = await call(jp_fetch, method, path, body, headers={"Authorization": ""})
         assert status == 403, (method, path, status, data)
 
 
@@ -108,24 +54,22 @@ async def test_a_valid_xsrf_token_without_login_is_refused_by_authentication(
     token = uuid.uuid4().hex
     xsrf = {"Authorization": "", "Cookie": f"_xsrf={token}", "X-XSRFToken": token}
     for method, path, body in ENDPOINTS:
-        status, data = await _call(jp_fetch, method, path, body, headers=dict(xsrf))
+        status, data = await call(jp_fetch, method, path, body, headers=dict(xsrf))
         assert status == 403, (method, path, status, data)
         assert "xsrf" not in json.dumps(data).lower(), (method, path, data)
     # The control: without the token, a POST is refused by the XSRF check itself.
-    status, data = await _call(
-        jp_fetch, "POST", "sandfork/api/forks", headers={"Authorization": ""}
-    )
+    status, data = await call(jp_fetch, "POST", "sandfork/api/forks", headers={"Authorization": ""})
     assert status == 403 and "xsrf" in json.dumps(data).lower(), data
 
 
 async def test_every_endpoint_needs_authorization(jp_fetch: Fetch) -> None:
     for method, path, body in ENDPOINTS:
-        status, _ = await _call(jp_fetch, method, path, body, headers={"X-Deny": "sandfork"})
+        status, _ = await call(jp_fetch, method, path, body, headers={"X-Deny": "sandfork"})
         assert status == 403, (method, path, status)
     # Restoring and forking make notebooks, kernels and sessions: those rights are needed too.
     for resource in ("contents", "kernels", "sessions"):
         for method, path, body in ENDPOINTS[5:7]:
-            status, data = await _call(jp_fetch, method, path, body, headers={"X-Deny": resource})
+            status, data = await call(jp_fetch, method, path, body, headers={"X-Deny": resource})
             assert status == 403 and resource in data["message"], (path, resource, data)
 
 
@@ -144,9 +88,12 @@ async def test_bad_input_gets_a_4xx_with_a_message(jp_fetch: Fetch) -> None:
         ("POST", "sandfork/api/snapshots/snap_0123456789abcdef/restore", {}, 404, "no snap"),
         ("POST", "sandfork/api/snapshots/bogus/restore", {"operation": 5}, 400, "operation"),
         ("GET", "sandfork/api/operations/unknown", None, 404, "no operation"),
+        ("GET", "sandfork/api/snapshots/bogus/inventory", None, 404, "no snapshot"),
+        ("GET", "sandfork/api/snapshots/snap_0123456789abcdef/inventory", None, 404, "no snap"),
+        ("GET", "sandfork/api/snapshots/bogus/diff/snap_0123456789abcdef", None, 404, "no snap"),
     ]
     for method, path, body, expected, message in cases:
-        status, data = await _call(jp_fetch, method, path, body)
+        status, data = await call(jp_fetch, method, path, body)
         assert status == expected, (method, path, status, data)
         assert message in (data or {}).get("message", ""), (method, path, data)
 
@@ -158,20 +105,20 @@ async def test_config_has_the_branch_limit_and_the_sandfork_kernels(
     spec = json.loads((jp_data_dir / "kernels" / "sandfork" / "kernel.json").read_text())
     (jp_data_dir / "kernels" / "sandfork-large").mkdir()
     (jp_data_dir / "kernels" / "sandfork-large" / "kernel.json").write_text(json.dumps(spec))
-    status, data = await _call(jp_fetch, "GET", "sandfork/api/config")
+    status, data = await call(jp_fetch, "GET", "sandfork/api/config")
     assert status == 200
     # python3 (ipykernel) is a kernelspec of this server too, and is not listed.
     assert data == {"max_branches": 8, "kernel_names": ["sandfork", "sandfork-large"]}
 
 
 async def test_a_kernel_that_is_not_sandfork_is_refused(jp_fetch: Fetch) -> None:
-    kernel = await _start_session(jp_fetch, "plain.ipynb", "python3")
-    status, data = await _call(jp_fetch, "GET", f"sandfork/api/kernels/{kernel}")
+    kernel = await start_session(jp_fetch, "plain.ipynb", "python3")
+    status, data = await call(jp_fetch, "GET", f"sandfork/api/kernels/{kernel}")
     assert status == 400 and "not a Sandfork kernel" in data["message"]
     body = {"kernel_id": kernel, "path": "plain.ipynb", "notebook": nbformat.v4.new_notebook()}
-    status, data = await _call(jp_fetch, "POST", "sandfork/api/snapshots", body)
+    status, data = await call(jp_fetch, "POST", "sandfork/api/snapshots", body)
     assert status == 400 and "not a Sandfork kernel" in data["message"]
-    status, data = await _call(jp_fetch, "POST", "sandfork/api/forks", body)
+    status, data = await call(jp_fetch, "POST", "sandfork/api/forks", body)
     assert status == 400 and "not a Sandfork kernel" in data["message"]
 
 
@@ -180,12 +127,12 @@ async def test_snapshot_restore_fork_rename_delete(
     jp_fetch: Fetch, jp_serverapp: Any, jp_root_dir: Path, engine: EngineProcess
 ) -> None:
     (jp_root_dir / "work").mkdir()
-    kernel = await _start_session(jp_fetch, "work/analysis.ipynb", "sandfork")
-    info = await _attached(jp_fetch, kernel)
+    kernel = await start_session(jp_fetch, "work/analysis.ipynb", "sandfork")
+    info = await attached(jp_fetch, kernel)
     assert info["sandbox"]["accelerator"] in ("tcg", "kvm") and info["sandbox"]["memory_mb"] > 0
     sandbox = info["sandbox"]["id"]
-    await _run(jp_serverapp, kernel, "x = 41")
-    document = _notebook("x = 41", "print(x)")
+    await run(jp_serverapp, kernel, "x = 41")
+    document = notebook("x = 41", "print(x)")
 
     # Bad input on a real Sandfork kernel.
     base: dict[str, Any] = {"kernel_id": kernel, "path": "work/analysis.ipynb"}
@@ -199,35 +146,35 @@ async def test_snapshot_restore_fork_rename_delete(
         ({"operation": "bad id!"}, "operation"),
     ]
     for change, message in changes:
-        status, data = await _call(jp_fetch, "POST", "sandfork/api/snapshots", base | change)
+        status, data = await call(jp_fetch, "POST", "sandfork/api/snapshots", base | change)
         assert status == 400 and message in data["message"], (change, data)
     for count in (0, 9, "2", True):
-        status, data = await _call(jp_fetch, "POST", "sandfork/api/forks", base | {"count": count})
+        status, data = await call(jp_fetch, "POST", "sandfork/api/forks", base | {"count": count})
         assert status == 400 and "count" in data["message"], (count, data)
 
     # Snapshot, with progress readable under the operation id.
     op = uuid.uuid4().hex
     body = base | {"name": "before", "operation": op}
-    status, snap = await _call(jp_fetch, "POST", "sandfork/api/snapshots", body)
+    status, snap = await call(jp_fetch, "POST", "sandfork/api/snapshots", body)
     assert status == 201, snap
     assert snap["name"] == "before" and snap["sandbox_id"] == sandbox and snap["has_notebook"]
     assert snap["notebook_path"] == "work/analysis.ipynb" and snap["kernel_id"] == kernel
-    status, progress = await _call(jp_fetch, "GET", f"sandfork/api/operations/{op}")
+    status, progress = await call(jp_fetch, "GET", f"sandfork/api/operations/{op}")
     assert status == 200 and progress["state"] == "done" and progress["done"] == progress["total"]
-    await _run(jp_serverapp, kernel, "x += 1")
+    await run(jp_serverapp, kernel, "x += 1")
 
     # Restore into a new notebook: the stored document, a session, an attached kernel.
     op = uuid.uuid4().hex
     restore = asyncio.ensure_future(
-        _call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore", {"operation": op})
+        call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore", {"operation": op})
     )
-    await _wait_step(jp_fetch, op, "restoring the sandbox")
+    await wait_step(jp_fetch, op, "restoring the sandbox")
     for _ in range(6000):  # the engine restores it (and holds the snapshot meanwhile)
         listed = await asyncio.to_thread(engine.client().request, "GET", "/sandboxes")
         if restore.done() or any(s["status"] == "starting" for s in listed["items"]):
             break
         await asyncio.sleep(0.01)
-    status, data = await _call(jp_fetch, "DELETE", f"sandfork/api/snapshots/{snap['id']}")
+    status, data = await call(jp_fetch, "DELETE", f"sandfork/api/snapshots/{snap['id']}")
     assert status == 409 and "being restored" in data["message"], data
     status, restored = await restore
     assert status == 201, restored
@@ -236,29 +183,29 @@ async def test_snapshot_restore_fork_rename_delete(
     assert [c.source for c in saved.cells] == ["x = 41", "print(x)"]
     assert restored["session"]["path"] == restored["path"]
     assert restored["session"]["kernel"]["id"] == restored["kernel_id"]
-    assert await _run(jp_serverapp, restored["kernel_id"], "print(x)") == "41\n"
-    assert await _run(jp_serverapp, kernel, "print(x)") == "42\n"
-    status, again = await _call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore")
+    assert await run(jp_serverapp, restored["kernel_id"], "print(x)") == "41\n"
+    assert await run(jp_serverapp, kernel, "print(x)") == "42\n"
+    status, again = await call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore")
     assert status == 201 and again["path"] == "work/analysis-restored-2.ipynb"
 
     # Fork the live notebook into two branches, each with its own sandbox holding x.
     op = uuid.uuid4().hex
     body = base | {"count": 2, "operation": op}
-    status, fork = await _call(jp_fetch, "POST", "sandfork/api/forks", body)
+    status, fork = await call(jp_fetch, "POST", "sandfork/api/forks", body)
     assert status == 201, fork
     paths = [b["path"] for b in fork["branches"]]
     assert paths == ["work/analysis-branch-1.ipynb", "work/analysis-branch-2.ipynb"]
     children = {b["sandbox_id"] for b in fork["branches"]}
     assert len(children) == 2 and sandbox not in children
     for branch in fork["branches"]:
-        assert await _run(jp_serverapp, branch["kernel_id"], "x += 100; print(x)") == "142\n"
-    assert await _run(jp_serverapp, kernel, "print(x)") == "42\n"
+        assert await run(jp_serverapp, branch["kernel_id"], "x += 100; print(x)") == "142\n"
+    assert await run(jp_serverapp, kernel, "print(x)") == "42\n"
     # Every sandbox a kernel owns is leased: it goes if its kernel vanishes (test_leases.py).
     for sandbox_id in (sandbox, restored["sandbox_id"], *children):
         assert Sandbox.get(sandbox_id, engine.client()).lease_seconds == 60, sandbox_id
 
     # The lineage: which notebook and sandbox made the snapshot, what came from it.
-    status, lineage = await _call(jp_fetch, "GET", "sandfork/api/snapshots")
+    status, lineage = await call(jp_fetch, "GET", "sandfork/api/snapshots")
     assert status == 200
     listed = {s["id"]: s for s in lineage["snapshots"]}
     assert listed[snap["id"]]["notebook_path"] == "work/analysis.ipynb"
@@ -273,20 +220,20 @@ async def test_snapshot_restore_fork_rename_delete(
 
     # Rename and delete.
     path = f"sandfork/api/snapshots/{snap['id']}"
-    status, renamed = await _call(jp_fetch, "PATCH", path, {"name": "renamed"})
+    status, renamed = await call(jp_fetch, "PATCH", path, {"name": "renamed"})
     assert status == 200 and renamed["name"] == "renamed"
-    status, data = await _call(jp_fetch, "PATCH", path, {"name": "x" * 201})
+    status, data = await call(jp_fetch, "PATCH", path, {"name": "x" * 201})
     assert status == 400 and "name" in data["message"]
-    status, _ = await _call(jp_fetch, "DELETE", path)
+    status, _ = await call(jp_fetch, "DELETE", path)
     assert status == 204
-    status, lineage = await _call(jp_fetch, "GET", "sandfork/api/snapshots")
+    status, lineage = await call(jp_fetch, "GET", "sandfork/api/snapshots")
     assert snap["id"] not in {s["id"] for s in lineage["snapshots"]}
     # The restored notebook does not depend on the deleted snapshot.
-    assert await _run(jp_serverapp, restored["kernel_id"], "print(x * 2)") == "82\n"
+    assert await run(jp_serverapp, restored["kernel_id"], "print(x * 2)") == "82\n"
 
     # Shutting a branch's session down kills the sandbox its kernel owns.
     first = fork["branches"][0]
-    status, _ = await _call(jp_fetch, "DELETE", f"api/sessions/{first['session']['id']}")
+    status, _ = await call(jp_fetch, "DELETE", f"api/sessions/{first['session']['id']}")
     assert status == 204
     assert first["sandbox_id"] not in {s.id for s in Sandbox.list(client=engine.client())}
 
@@ -299,13 +246,13 @@ async def test_a_failed_restore_leaves_nothing_behind(
     engine: EngineProcess,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    kernel = await _start_session(jp_fetch, "nb.ipynb", "sandfork")
-    await _attached(jp_fetch, kernel)
-    body = {"kernel_id": kernel, "path": "nb.ipynb", "notebook": _notebook("y = 1")}
-    status, snap = await _call(jp_fetch, "POST", "sandfork/api/snapshots", body)
+    kernel = await start_session(jp_fetch, "nb.ipynb", "sandfork")
+    await attached(jp_fetch, kernel)
+    body = {"kernel_id": kernel, "path": "nb.ipynb", "notebook": notebook("y = 1")}
+    status, snap = await call(jp_fetch, "POST", "sandfork/api/snapshots", body)
     assert status == 201, snap
     files = _files(jp_root_dir)
-    sessions = await _call(jp_fetch, "GET", "api/sessions")
+    sessions = await call(jp_fetch, "GET", "api/sessions")
     kernels = set(jp_serverapp.kernel_manager.list_kernel_ids())
     sandboxes = {s["id"] for s in engine.client().request("GET", "/sandboxes")["items"]}
 
@@ -313,13 +260,13 @@ async def test_a_failed_restore_leaves_nothing_behind(
     monkeypatch.setenv("SANDFORK_API_KEY", "wrong")
     op = uuid.uuid4().hex
     path = f"sandfork/api/snapshots/{snap['id']}/restore"
-    status, data = await _call(jp_fetch, "POST", path, {"operation": op})
+    status, data = await call(jp_fetch, "POST", path, {"operation": op})
     assert status == 500 and "exited" in data["message"], data
-    status, progress = await _call(jp_fetch, "GET", f"sandfork/api/operations/{op}")
+    status, progress = await call(jp_fetch, "GET", f"sandfork/api/operations/{op}")
     assert progress["state"] == "failed" and "exited" in progress["error"]
 
     assert _files(jp_root_dir) == files
-    assert await _call(jp_fetch, "GET", "api/sessions") == sessions
+    assert await call(jp_fetch, "GET", "api/sessions") == sessions
     assert set(jp_serverapp.kernel_manager.list_kernel_ids()) == kernels
     after = {s["id"] for s in engine.client().request("GET", "/sandboxes")["items"]}
     assert after == sandboxes
@@ -330,13 +277,13 @@ async def test_a_restore_whose_folder_is_gone_lands_in_the_root(
     jp_fetch: Fetch, jp_root_dir: Path
 ) -> None:
     (jp_root_dir / "old").mkdir()
-    kernel = await _start_session(jp_fetch, "old/nb.ipynb", "sandfork")
-    await _attached(jp_fetch, kernel)
-    body = {"kernel_id": kernel, "path": "old/nb.ipynb", "notebook": _notebook("z = 7")}
-    status, snap = await _call(jp_fetch, "POST", "sandfork/api/snapshots", body)
+    kernel = await start_session(jp_fetch, "old/nb.ipynb", "sandfork")
+    await attached(jp_fetch, kernel)
+    body = {"kernel_id": kernel, "path": "old/nb.ipynb", "notebook": notebook("z = 7")}
+    status, snap = await call(jp_fetch, "POST", "sandfork/api/snapshots", body)
     assert status == 201, snap
     (jp_root_dir / "old").rmdir()
-    status, restored = await _call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore")
+    status, restored = await call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore")
     assert status == 201, restored
     assert restored["path"] == "nb-restored-1.ipynb"
     assert (jp_root_dir / "nb-restored-1.ipynb").exists()
@@ -348,57 +295,3 @@ async def test_a_restore_whose_folder_is_gone_lands_in_the_root(
 def _files(root: Path) -> list[str]:
     """Every file under ``root`` (Jupyter's checkpoint copies included; empty folders not)."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-
-
-def _notebook(*sources: str) -> dict[str, Any]:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
-    nb.metadata["kernelspec"] = {"name": "sandfork", "display_name": "Python 3 (Sandfork)"}
-    return dict(nb)
-
-
-async def _start_session(fetch: Fetch, path: str, kernel_name: str) -> str:
-    body = {"path": path, "name": path, "type": "notebook", "kernel": {"name": kernel_name}}
-    status, session = await _call(fetch, "POST", "api/sessions", body)
-    assert status == 201, session
-    return str(session["kernel"]["id"])
-
-
-async def _attached(fetch: Fetch, kernel_id: str) -> dict[str, Any]:
-    """The kernel's sandbox, once the kernel has attached (409 until then)."""
-    for _ in range(600):
-        status, data = await _call(fetch, "GET", f"sandfork/api/kernels/{kernel_id}")
-        if status == 200:
-            return data  # type: ignore[no-any-return]
-        assert status == 409, data
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"kernel {kernel_id} never attached")
-
-
-async def _wait_step(fetch: Fetch, op: str, step: str) -> None:
-    for _ in range(600):
-        status, data = await _call(fetch, "GET", f"sandfork/api/operations/{op}")
-        if status == 200 and data["step"].startswith(step):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"operation {op} never reached {step!r}")
-
-
-async def _run(serverapp: Any, kernel_id: str, code: str) -> str:
-    """Execute ``code`` on one of the server's kernels; return its stdout (and errors)."""
-    client = serverapp.kernel_manager.get_kernel(kernel_id).client()
-    client.start_channels()
-    out: list[str] = []
-
-    def collect(msg: dict[str, Any]) -> None:
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
-
-    try:
-        await client.wait_for_ready(timeout=120)
-        await client.execute_interactive(code, output_hook=collect, timeout=120)
-    finally:
-        client.stop_channels()
-    return "".join(out)

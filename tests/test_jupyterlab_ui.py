@@ -9,40 +9,31 @@ Screenshots of the launcher, the toolbar and the side panel go to ``artifacts/``
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import secrets
-import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
-from playwright.sync_api import Browser, Locator, Page, Route, expect, sync_playwright
+from playwright.sync_api import Page, Route, expect
 
 from conftest import EngineProcess
+from jupyterlab_fixtures import (  # noqa: F401 (fixtures, found by name)
+    ARTIFACTS,
+    Lab,
+    chromium,
+    lab_page,
+    start_lab,
+)
+from jupyterlab_fixtures import notebook_panel as _notebook
+from jupyterlab_fixtures import run_cell as _run_cell
+from jupyterlab_fixtures import tab as _tab
+from jupyterlab_fixtures import toolbar_button as _toolbar_button
+from jupyterlab_fixtures import wait_for_notebook as _wait_for_notebook
 
 pytestmark = pytest.mark.vm
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
-SLOW_MS = 180_000  # kernel start, snapshot, restore and fork under TCG, on a shared machine
 SERVER_MAX_BRANCHES = 4  # c.SandforkExtension.max_branches: caps the user's setting below
 USER_SETTINGS = {
     # Every fork asks for confirmation (more branches than 0).
@@ -52,151 +43,13 @@ USER_SETTINGS = {
 }
 
 
-@dataclass
-class Lab:
-    url: str
-    token: str
-    root: Path
-
-    def api(self, method: str, path: str) -> Any:
-        response = requests.request(
-            method,
-            f"{self.url}/{path}",
-            headers={"Authorization": f"token {self.token}"},
-            timeout=60,
-        )
-        response.raise_for_status()
-        return response.json()
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Path:
-    """Debian's Chromium, installed here if missing (never skipped: the test needs it)."""
-    if not CHROMIUM.exists() and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"],
-            check=True,
-            env=env,
-        )
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package")
-    return CHROMIUM
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def lab(own_engine: EngineProcess, tmp_path: Path) -> Iterator[Lab]:
-    """``jupyter lab`` on loopback with a token, its kernels and extension on an engine of its
-    own (the side panel lists every snapshot of the engine: other tests' stay out)."""
-    home = tmp_path
-    root = home / "notebooks"
-    root.mkdir()
-    port = _free_port()
-    token = secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "SANDFORK_API": own_engine.url,
-        "SANDFORK_API_KEY": own_engine.api_key,
-        # The user's own Jupyter settings, workspaces and runtime files stay out of it.
-        "JUPYTER_CONFIG_DIR": str(home / "config"),
-        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
-    }
-    # No "Would you like to get notified about official Jupyter news?" in the screenshots.
-    (home / "config" / "labconfig").mkdir(parents=True)
-    (home / "config" / "labconfig" / "page_config.json").write_text(
-        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
-    )
-    for plugin, settings in USER_SETTINGS.items():
-        path = home / "settings" / f"{plugin}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(settings))
-    log_path = home / "jupyterlab.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                "--ServerApp.ip=127.0.0.1",
-                f"--ServerApp.port={port}",
-                "--ServerApp.port_retries=0",
-                "--ServerApp.allow_root=True",
-                f"--IdentityProvider.token={token}",
-                f"--ServerApp.root_dir={root}",
-                f"--SandforkExtension.max_branches={SERVER_MAX_BRANCHES}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    lab = Lab(f"http://127.0.0.1:{port}", token, root)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited: {log_path.read_text()[-3000:]}")
-            try:
-                lab.api("GET", "api/status")
-                break
-            except requests.RequestException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    """JupyterLab on an engine of its own (the side panel lists every snapshot of the engine:
+    other tests' stay out)."""
+    args = [f"--SandforkExtension.max_branches={SERVER_MAX_BRANCHES}"]
+    with start_lab(own_engine, tmp_path, USER_SETTINGS, args) as lab:
         yield lab
-    finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        print(f"jupyter lab log (tail):\n{log_path.read_text()[-4000:]}")
-
-
-@pytest.fixture
-def page(chromium: Path, lab: Lab) -> Iterator[Page]:
-    expect.set_options(timeout=SLOW_MS)
-    with sync_playwright() as playwright:
-        browser: Browser = playwright.chromium.launch(
-            executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(SLOW_MS)
-            page.goto(f"{lab.url}/lab?token={lab.token}")
-            yield page
-        finally:
-            browser.close()
-
-
-def _notebook(page: Page) -> Locator:
-    """The notebook panel in front."""
-    return page.locator(".jp-NotebookPanel:visible")
-
-
-def _toolbar_button(page: Page, name: str) -> Locator:
-    return _notebook(page).locator(f'[data-jp-item-name="sandfork-{name}"] button')
-
-
-def _run_cell(page: Page, code: str) -> Locator:
-    """Types ``code`` into the front notebook's last cell and runs it; returns that cell."""
-    cells = _notebook(page).locator(".jp-Notebook .jp-CodeCell")
-    cell = cells.nth(cells.count() - 1)  # fixed now: running it appends a new last cell
-    cell.locator(".cm-content").click()
-    page.keyboard.insert_text(code)
-    page.keyboard.press("Shift+Enter")
-    expect(cell.locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"))
-    return cell
 
 
 def _print_x(page: Page) -> str:
@@ -217,21 +70,6 @@ def _fork_one_branch(page: Page) -> None:
     confirmation = page.locator(".jp-Dialog", has_text=re.compile(r"into 1 branch notebook\?"))
     expect(confirmation).to_be_visible()
     _accept_dialog(page)
-
-
-def _tab(page: Page, name: str) -> Locator:
-    """The main area's tab of the document ``name``."""
-    label = page.locator(".lm-TabBar-tabLabel", has_text=re.compile(f"^{re.escape(name)}$"))
-    return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has=label)
-
-
-def _wait_for_notebook(page: Page, name: str) -> None:
-    """Waits until the notebook ``name`` is in front with its kernel idle."""
-    expect(_tab(page, name)).to_have_class(re.compile(r"\blm-mod-current\b"))
-    expect(_toolbar_button(page, "snapshot")).to_be_visible()
-    expect(_notebook(page).locator(".jp-Notebook-ExecutionIndicator")).to_have_attribute(
-        "data-status", "idle"
-    )
 
 
 def _sessions_by_path(lab: Lab) -> dict[str, list[dict[str, Any]]]:
@@ -275,7 +113,13 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
     items = _notebook(page).locator(".jp-NotebookPanel-toolbar [data-jp-item-name]")
     names = items.evaluate_all("nodes => nodes.map(node => node.dataset.jpItemName)")
     sandfork = [name for name in names if name.startswith("sandfork-")]
-    assert sandfork == ["sandfork-snapshot", "sandfork-fork", "sandfork-restore"], names
+    assert sandfork == [
+        "sandfork-snapshot",
+        "sandfork-fork",
+        "sandfork-restore",
+        "sandfork-checkpoints",
+        "sandfork-hibernated",
+    ], names
     assert names.index("cellType") < names.index(sandfork[0]), names
     assert names.index(sandfork[-1]) < names.index("spacer"), names
     status = page.locator(".sandfork-StatusItem")
@@ -374,7 +218,9 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
     expect(_notebook(page).locator(".jp-Notebook-ExecutionIndicator")).to_have_attribute(
         "data-status", "idle"
     )
-    expect(_notebook(page).locator('[data-jp-item-name^="sandfork-"]')).to_have_count(3)
+    expect(_notebook(page).locator('[data-jp-item-name^="sandfork-"]')).to_have_count(5)
     for name in ("snapshot", "restore", "fork"):
         expect(_toolbar_button(page, name)).to_be_hidden()
+    expect(_notebook(page).locator(".sandfork-CheckpointsToggle")).to_be_hidden()
+    expect(_notebook(page).locator(".sandfork-HibernatedIndicator")).to_be_hidden()
     expect(status).to_be_hidden()

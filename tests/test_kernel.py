@@ -8,7 +8,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import jupyter_kernel_test
 import pytest
@@ -16,56 +15,11 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import start_new_kernel
 
 from conftest import EngineProcess
-from sandfork.proxy_kernel.checkpoints import CellCheckpoints
-from sandfork.sdk import Client, NotFoundError, Sandbox, Snapshot
+from kernel_client import execute as _execute
+from kernel_client import stdout as _stdout
+from sandfork.sdk import Sandbox
 
-pytestmark = pytest.mark.vm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def engine_env(engine: EngineProcess) -> Iterator[None]:
-    """Kernels started in this module find the test engine through the environment."""
-    saved = {k: os.environ.get(k) for k in ("SANDFORK_API", "SANDFORK_API_KEY")}
-    os.environ["SANDFORK_API"], os.environ["SANDFORK_API_KEY"] = engine.url, engine.api_key
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-def _execute(
-    kc: BlockingKernelClient, code: str, cell_id: str | None = None, **kwargs: Any
-) -> list[dict[str, Any]]:
-    """Run ``code`` (as the notebook cell ``cell_id``, if given); return its iopub messages
-    and its reply last."""
-    if cell_id is None:
-        msg_id = kc.execute(code, **kwargs)
-    else:  # as JupyterLab sends a cell: its id in the request's metadata
-        content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}}
-        msg = kc.session.msg("execute_request", content, metadata={"cellId": cell_id})
-        kc.shell_channel.send(msg)
-        msg_id = msg["header"]["msg_id"]
-    reply = kc.get_shell_msg(timeout=60)
-    while reply["parent_header"]["msg_id"] != msg_id:  # a late kernel_info_reply
-        reply = kc.get_shell_msg(timeout=60)
-    messages = []
-    while True:
-        msg = kc.get_iopub_msg(timeout=60)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return [*messages, reply]
-
-
-def _stdout(messages: list[dict[str, Any]]) -> str:
-    return "".join(
-        m["content"]["text"]
-        for m in messages
-        if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
-    )
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env")]
 
 
 class SandforkKernelTests(jupyter_kernel_test.KernelTests):
@@ -223,52 +177,6 @@ def test_attached_kernel_leaves_the_sandbox_alone(engine: EngineProcess) -> None
             messages = _execute(kc, "print(shared)")
             assert _stdout(messages) == "from the SDK\n"
         assert sandbox.refresh().status == "running"
-
-
-def test_a_checkpoint_after_every_cell_and_rewind(engine: EngineProcess) -> None:
-    km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
-    try:
-        assert "checkpoints after every cell: on" in _stdout(_execute(kc, "%checkpoints on"))
-        for i, code in enumerate(["a = 1", "b = 2", "c = 3", "a = 10"], start=1):
-            _execute(kc, code, cell_id=f"cell-{i}")
-        # The next request waits for the last cell's checkpoint (taken after its reply).
-        assert "on (the last 20 kept)" in _stdout(_execute(kc, "%checkpoints"))
-        taken = [s for s in Snapshot.list(client=engine.client()) if "cell_id" in s.metadata]
-        assert [s.metadata["cell_id"] for s in taken] == ["cell-4", "cell-3", "cell-2", "cell-1"]
-        counts = [int(s.metadata["execution_count"]) for s in taken]
-        assert counts == sorted(counts, reverse=True) and len(set(counts)) == 4
-        assert {len(s.metadata["source_sha256"]) for s in taken} == {64}
-        # Before the last two cells (c = 3, a = 10): a is 1, b exists, c does not.
-        rewound = _execute(kc, "%rewind 2\nprint(a, 'b' in dir(), 'c' in dir())")
-        assert _stdout(rewound).splitlines()[-1] == "1 True False"
-        too_far = _execute(kc, "%rewind 9")
-        assert "needs 10" in too_far[-1]["content"]["evalue"]
-        assert "off" in _stdout(_execute(kc, "%checkpoints off"))
-        _execute(kc, "d = 4", cell_id="cell-5")
-        after = [s for s in Snapshot.list(client=engine.client()) if "cell_id" in s.metadata]
-        assert len(after) == 4  # none taken with checkpoints off
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel()
-        for snapshot in Snapshot.list(client=engine.client()):
-            if "cell_id" in snapshot.metadata:
-                snapshot.delete()
-
-
-def test_old_checkpoints_go(client: Client) -> None:
-    checkpoints = CellCheckpoints(enabled=True, kept=2)
-    with Sandbox.create(client=client) as sandbox:
-        taken = []
-        for i in range(3):
-            checkpoints.started(f"m{i}", f"x = {i}", {"cellId": f"c{i}"})
-            metadata = checkpoints.finished(f"m{i}", b'{"execution_count": %d}' % i)
-            assert metadata is not None
-            taken.append(checkpoints.take(sandbox, metadata))
-        assert [s.id for s in checkpoints.listed(sandbox)] == taken[:0:-1]  # newest two
-        with pytest.raises(NotFoundError):
-            Snapshot.get(taken[0], client=client)
-        for snapshot in checkpoints.listed(sandbox):
-            snapshot.delete()
 
 
 def test_snapshot_restore_fork_and_sandbox_magics(engine: EngineProcess) -> None:

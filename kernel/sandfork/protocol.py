@@ -46,6 +46,7 @@ MAX_FORKS = 16  # children of one fork-tree call
 MAX_BRANCHES = 8  # branch notebooks of one fork in JupyterLab (the server extension's default)
 MAX_SNAPSHOT_NAME = 200  # characters
 MAX_ATTACHMENT_BYTES = 64 * 2**20  # all attachments of one snapshot together
+INVENTORY_ATTACHMENT = "inventory.json"  # the variable inventory the engine stores; not a client's
 
 # -- name rules (a ValueError names what is wrong; the engine answers it with a 400) ---------
 

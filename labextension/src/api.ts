@@ -6,8 +6,12 @@ import { URLExt } from '@jupyterlab/coreutils';
 import type * as nbformat from '@jupyterlab/nbformat';
 import { ServerConnection, Session } from '@jupyterlab/services';
 
+/** A checkpoint is taken after a cell by the kernel; a snapshot, on request. */
+export type SnapshotKind = 'checkpoint' | 'snapshot';
+
 export interface ISnapshot {
   id: string;
+  kind: SnapshotKind;
   name: string | null;
   created_at: string;
   size_bytes: number;
@@ -19,10 +23,18 @@ export interface ISnapshot {
   parent_id: string | null;
   notebook_path: string | null;
   kernel_id: string | null;
+  /** The cell after which a checkpoint was taken (its model id), and its execution count. */
+  cell_id: string | null;
+  execution_count: number | null;
+  /** The checkpoint lineage of the kernel that took a checkpoint (`IKernelSandbox.lineage`). */
+  lineage: string | null;
+  /** Whether `snapshots/{id}/inventory` can list its variables. */
+  has_inventory: boolean;
 }
 
 export interface ISandbox {
   id: string;
+  /** "running", "hibernated" (its VM is stopped), "waking", "gone", … */
   status: string;
   /** Null for a sandbox that is gone. */
   created_at: string | null;
@@ -44,6 +56,10 @@ export interface IListing {
 export interface IKernelSandbox {
   kernel_id: string;
   context: string;
+  /** The id its checkpoints carry (`ISnapshot.lineage`), across the sandboxes it moves to. */
+  lineage: string;
+  /** Whether the kernel takes a checkpoint after every cell now. */
+  checkpoints: boolean;
   sandbox: {
     id: string;
     template: string;
@@ -53,6 +69,40 @@ export interface IKernelSandbox {
     cpu: number;
     from_snapshot: string | null;
   };
+}
+
+/** A variable of a snapshot's kernel, as its inventory describes it. */
+export interface IVariable {
+  name: string;
+  type: string;
+  /** An array's dimensions. */
+  shape: number[] | null;
+  /** A container's length. */
+  length: number | null;
+  bytes: number | null;
+  /** Equal fingerprints: equal values. */
+  fingerprint: string | null;
+}
+
+/** The variables of a snapshot: `GET snapshots/{id}/inventory`. */
+export interface IInventory {
+  status: 'ok' | 'unavailable';
+  /** Why it is unavailable. */
+  reason: string | null;
+  /** Whether some variables were left out. */
+  truncated: boolean;
+  elapsed_ms: number;
+  variables: IVariable[];
+}
+
+/** What changed between two snapshots' variables: `GET snapshots/{from}/diff/{to}`. */
+export interface IInventoryDiff {
+  from: string;
+  to: string;
+  added: IVariable[];
+  removed: IVariable[];
+  changed: { name: string; before: IVariable; after: IVariable }[];
+  unchanged: string[];
 }
 
 /** A notebook the server made, with a session whose kernel is attached to its sandbox. */
@@ -130,6 +180,14 @@ export function getKernelSandbox(kernelId: string): Promise<IKernelSandbox> {
 
 export function listSnapshots(): Promise<IListing> {
   return request('snapshots');
+}
+
+export function getInventory(id: string): Promise<IInventory> {
+  return request(`snapshots/${quote(id)}/inventory`);
+}
+
+export function getInventoryDiff(from: string, to: string): Promise<IInventoryDiff> {
+  return request(`snapshots/${quote(from)}/diff/${quote(to)}`);
 }
 
 export function createSnapshot(

@@ -1,4 +1,5 @@
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { ISignal, Signal } from '@lumino/signaling';
 
 import { IServerConfig } from './api';
 import { SandforkKernels } from './kernel';
@@ -15,6 +16,12 @@ export class SandforkConfig {
   ) {
     this.kernels = new SandforkKernels(server.kernel_names);
     this._serverMaxBranches = server.max_branches;
+    settings.changed.connect(() => this._changed.emit());
+  }
+
+  /** Emitted when the user changes a setting. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
   }
 
   /** The Sandfork kernels, as the server defines them. */
@@ -35,10 +42,21 @@ export class SandforkConfig {
     return this.setting<number>('confirmForkAbove');
   }
 
+  /** Whether a notebook without its own choice (metadata) checkpoints after every cell. */
+  get checkpointCells(): boolean {
+    return this.setting<boolean>('checkpointCells');
+  }
+
+  /** How many checkpoints a kernel keeps (its newest). */
+  get checkpointsKept(): number {
+    return this.setting<number>('checkpointsKept');
+  }
+
   /** A value of the composite settings, which the schema's defaults fill in. */
   private setting<T extends number | boolean>(key: string): T {
     return this.settings.composite[key] as T;
   }
 
   private readonly _serverMaxBranches: number;
+  private readonly _changed = new Signal<this, void>(this);
 }

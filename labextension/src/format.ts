@@ -25,3 +25,9 @@ export function formatTime(iso: string): string {
     ? iso
     : date.toLocaleString(undefined, { dateStyle: 'short', timeStyle: 'medium' });
 }
+
+/** A timestamp from the API, time of day only ("14:03:07"), in the user's locale. */
+export function formatClock(iso: string): string {
+  const date = new Date(iso);
+  return Number.isNaN(date.getTime()) ? iso : date.toLocaleTimeString(undefined);
+}

@@ -7,9 +7,13 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { SandforkActions } from './actions';
 import { IServerConfig, getServerConfig } from './api';
+import { NotebookCheckpoints } from './checkpoints';
 import { addCommands } from './commands';
 import { SandforkConfig } from './config';
+import { LineageEvents } from './events';
 import { SnapshotsPanel } from './panel';
+import { KernelRewind, unmarkCellsWhenRun } from './rewind';
+import { KernelSandboxes } from './sandboxes';
 import { SandboxStatus } from './status';
 import { addToolbarItems } from './toolbar';
 
@@ -46,16 +50,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
       settingRegistry.load(PLUGIN_ID)
     ]);
     const config = new SandforkConfig(server, settings);
+    const { kernels } = config;
     const actions = new SandforkActions(docManager, tracker, config);
-    addCommands(app, tracker, actions, config.kernels, palette);
-    addToolbarItems(toolbarRegistry, app.commands);
+    // Changes are pushed by the server; this front end's own are told at once too.
+    const events = new LineageEvents(app.serviceManager.events.stream);
+    actions.changed.connect(() => events.notify());
+    const sandboxes = new KernelSandboxes(events);
+    const checkpoints = new NotebookCheckpoints(tracker, config);
+    const rewind = new KernelRewind(tracker, kernels, sandboxes);
+    unmarkCellsWhenRun();
+    addCommands(app, tracker, { actions, checkpoints, rewind, kernels }, palette);
+    addToolbarItems(toolbarRegistry, app.commands, kernels, sandboxes);
 
-    const panel = new SnapshotsPanel(actions);
+    const panel = new SnapshotsPanel({ actions, rewind, tracker, kernels, sandboxes, events });
     app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, panel.id);
 
     if (statusBar) {
-      const status = new SandboxStatus(tracker, config.kernels);
+      const status = new SandboxStatus(tracker, kernels, sandboxes);
       statusBar.registerStatusItem('@sandfork/jupyterlab:sandbox', {
         item: status,
         align: 'left',

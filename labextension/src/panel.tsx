@@ -1,78 +1,93 @@
-import {
-  Button,
-  ReactWidget,
-  ToolbarButtonComponent,
-  notebookIcon,
-  refreshIcon
-} from '@jupyterlab/ui-components';
+import { PathExt } from '@jupyterlab/coreutils';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { ReactWidget, ToolbarButtonComponent, refreshIcon } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { SandforkActions, snapshotLabel } from './actions';
-import { ISandbox, ISnapshot, listSnapshots } from './api';
-import { formatBytes, formatMemory, formatTime } from './format';
-import { sandforkIcon, snapshotIcon } from './icons';
+import { SandforkActions } from './actions';
+import { IKernelSandbox, IListing, listSnapshots } from './api';
+import { Details } from './details';
+import { LineageEvents } from './events';
+import { LineageGraph } from './graph';
+import { sandforkIcon } from './icons';
+import { InventoryCache } from './inspector';
+import { SandforkKernels } from './kernel';
+import { historyOf, layOut } from './layout';
+import { Lineage, LineageNode } from './lineage';
 import { errorMessage } from './progress';
-import { TreeNode, buildTree } from './tree';
+import { KernelRewind } from './rewind';
+import { KernelSandboxes } from './sandboxes';
+import { buildTree } from './tree';
+import { SnapshotTree } from './treeview';
 
-interface IAction {
-  name: string;
-  label: string;
-  title: string;
-  run: () => void;
+export interface ISnapshotsPanelOptions {
+  actions: SandforkActions;
+  rewind: KernelRewind;
+  tracker: INotebookTracker;
+  kernels: SandforkKernels;
+  sandboxes: KernelSandboxes;
+  events: LineageEvents;
 }
 
-function Actions(props: { actions: IAction[] }): JSX.Element {
-  return (
-    <span className="sandfork-Tree-actions">
-      {props.actions.map(action => (
-        <Button
-          key={action.name}
-          minimal
-          small
-          className="sandfork-Tree-action"
-          data-action={action.name}
-          title={action.title}
-          onClick={action.run}
-        >
-          {action.label}
-        </Button>
-      ))}
-    </span>
-  );
+/** The current notebook, and where its kernel is. */
+interface ICurrent {
+  path: string;
+  kernel: IKernelSandbox | null;
 }
 
 /**
- * The left side panel "Sandfork snapshots": the snapshot/branch tree of `GET snapshots`,
- * with actions per node. It refreshes when shown, on its Refresh button and after every
- * operation.
+ * The left side panel "Sandfork snapshots": the history graph of the current notebook
+ * (graph.tsx), what is selected in it (details.tsx), and the tree of all snapshots and
+ * sandboxes (treeview.tsx). It reloads when the server tells of a change (events.ts), when
+ * the current notebook or its kernel changes, and on its Refresh button; while hidden, once
+ * shown again.
  */
 export class SnapshotsPanel extends ReactWidget {
-  constructor(private readonly actions: SandforkActions) {
+  constructor(private readonly options: ISnapshotsPanelOptions) {
     super();
     this.id = 'sandfork-snapshots';
     this.addClass('sandfork-SnapshotsPanel');
     this.title.icon = sandforkIcon;
     this.title.caption = 'Sandfork snapshots';
-    actions.changed.connect(() => void this.refresh());
+    options.events.changed.connect(this.changed, this);
+    options.tracker.currentChanged.connect(this.follow, this);
+    this.follow();
   }
 
+  /**
+   * Loads the listing and the current notebook's kernel again. Answers are shown as they
+   * come, unless a later request's came first: a stream of changes cannot starve the panel.
+   */
   async refresh(): Promise<void> {
     const request = ++this._requests;
     this._loading = true;
     this.update();
-    let tree: TreeNode[] | null = null;
-    let error: string | null = null;
-    try {
-      tree = buildTree(await listSnapshots());
-    } catch (caught) {
-      error = errorMessage(caught);
-    }
+    const listing = listSnapshots().then(
+      answer => {
+        if (request > this._listed) {
+          this._listed = request;
+          this.take(answer);
+        }
+      },
+      error => {
+        if (request > this._listed) {
+          this._listed = request;
+          this._error = errorMessage(error);
+        }
+      }
+    );
+    const current = this.loadCurrent().then(answer => {
+      if (request > this._located) {
+        this._located = request;
+        this._current = answer;
+      }
+    });
+    await listing;
+    this.update();
+    await current;
     if (request === this._requests) {
-      this._tree = tree ?? this._tree;
-      this._error = error;
       this._loading = false;
-      this.update();
     }
+    this.update();
   }
 
   protected onAfterShow(): void {
@@ -94,6 +109,8 @@ export class SnapshotsPanel extends ReactWidget {
           />
         </div>
         {this._error && <div className="sandfork-SnapshotsPanel-error">{this._error}</div>}
+        {this.renderHistory()}
+        <h3 className="sandfork-SnapshotsPanel-section">All snapshots</h3>
         {this._tree.length === 0 && !this._error && (
           <p className="sandfork-SnapshotsPanel-empty">
             {this._loading
@@ -101,117 +118,139 @@ export class SnapshotsPanel extends ReactWidget {
               : 'No snapshots yet: take one with Snapshot in a notebook on the Sandfork kernel.'}
           </p>
         )}
-        <ul className="sandfork-Tree">{this._tree.map(node => this.renderNode(node))}</ul>
+        <SnapshotTree tree={this._tree} actions={this.options.actions} />
       </>
     );
   }
 
-  private renderNode(node: TreeNode): JSX.Element {
-    const row =
-      node.kind === 'snapshot'
-        ? this.renderSnapshot(node.snapshot)
-        : this.renderSandbox(node.sandbox);
-    const key = node.kind === 'snapshot' ? node.snapshot.id : node.sandbox.id;
+  private renderHistory(): JSX.Element {
+    const current = this._current;
+    const heading = <h3 className="sandfork-SnapshotsPanel-section">History</h3>;
+    if (current === null || this._lineage === null) {
+      return (
+        <>
+          {heading}
+          <p className="sandfork-SnapshotsPanel-empty">
+            {current === null
+              ? 'Open a notebook on a Sandfork kernel to see its history.'
+              : 'Loading…'}
+          </p>
+        </>
+      );
+    }
+    const kernel = current.kernel;
+    const nodes = historyOf(this._lineage, kernel?.sandbox.id ?? null, kernel?.lineage ?? null);
+    if (nodes.length === 0) {
+      return (
+        <>
+          {heading}
+          <p className="sandfork-SnapshotsPanel-empty">
+            The kernel of {current.path} has not attached to a sandbox yet.
+          </p>
+        </>
+      );
+    }
+    const selection = this._selection
+      .map(id => this._lineage?.get(id))
+      .filter((node): node is LineageNode => node !== undefined);
     return (
-      <li key={key} className={`sandfork-Tree-node sandfork-Tree-${node.kind}`} data-id={key}>
-        {row}
-        {node.children.length > 0 && (
-          <ul className="sandfork-Tree">{node.children.map(child => this.renderNode(child))}</ul>
+      <>
+        <h3 className="sandfork-SnapshotsPanel-section" title={current.path}>
+          History of {PathExt.basename(current.path)}
+        </h3>
+        <LineageGraph
+          layout={layOut(this._lineage, nodes)}
+          current={kernel?.sandbox.id ?? null}
+          selected={this._selection}
+          onSelect={(node, add) => this.select(node, add)}
+        />
+        {!nodes.some(node => node.kind === 'checkpoint') && (
+          <p className="sandfork-SnapshotsPanel-empty">
+            Turn Checkpoints on in the notebook toolbar to keep the kernel's state after every cell,
+            and rewind to it.
+          </p>
         )}
-      </li>
-    );
-  }
-
-  private renderSnapshot(snapshot: ISnapshot): JSX.Element {
-    const actions = this.actions;
-    const details = [
-      snapshot.id,
-      snapshot.notebook_path ? `notebook ${snapshot.notebook_path}` : 'no notebook',
-      `memory ${formatMemory(snapshot.memory_mb)}, paused ${snapshot.paused_ms} ms`
-    ];
-    return (
-      <div className="sandfork-Tree-row" title={details.join('\n')}>
-        <snapshotIcon.react className="sandfork-Tree-icon" tag="span" />
-        <span className="sandfork-Tree-name">{snapshot.name ?? 'unnamed snapshot'}</span>
-        <span className="sandfork-Tree-meta">
-          {formatTime(snapshot.created_at)} · {formatBytes(snapshot.size_bytes)}
-        </span>
-        <Actions
-          actions={[
-            {
-              name: 'restore',
-              label: 'Restore',
-              title: `Restore ${snapshotLabel(snapshot)} into a new notebook`,
-              run: () => void actions.restore(snapshot)
-            },
-            {
-              name: 'rename',
-              label: 'Rename',
-              title: 'Rename this snapshot',
-              run: () => void actions.rename(snapshot)
-            },
-            {
-              name: 'delete',
-              label: 'Delete',
-              title: 'Delete this snapshot',
-              run: () => void actions.remove(snapshot)
-            },
-            {
-              name: 'copy-id',
-              label: 'Copy ID',
-              title: `Copy ${snapshot.id} to the clipboard`,
-              run: () => actions.copyId(snapshot.id)
-            }
-          ]}
+        <Details
+          selection={selection}
+          comparing={this._comparing}
+          onCompare={comparing => {
+            this._comparing = comparing;
+            this.update();
+          }}
+          onClear={() => this.select(selection[0], false)}
+          actions={this.options.actions}
+          rewind={this.options.rewind}
+          cache={this._cache}
         />
-      </div>
+      </>
     );
   }
 
-  private renderSandbox(sandbox: ISandbox): JSX.Element {
-    const actions = this.actions;
-    const live = sandbox.kernel_id !== null && sandbox.status === 'running';
-    const forkable: IAction[] =
-      live && sandbox.notebook_path !== null
-        ? [
-            {
-              name: 'fork',
-              label: 'Fork',
-              title: 'Fork this live sandbox into branch notebooks',
-              run: () => void actions.forkSandbox(sandbox)
-            }
-          ]
-        : [];
-    const details = [
-      sandbox.id,
-      sandbox.notebook_path ?? 'no notebook',
-      `status ${sandbox.status}`
-    ];
-    const state = live ? 'live kernel' : sandbox.status;
-    return (
-      <div className="sandfork-Tree-row" title={details.join('\n')}>
-        <notebookIcon.react className="sandfork-Tree-icon" tag="span" />
-        <span className="sandfork-Tree-name">{sandbox.notebook_path ?? sandbox.id}</span>
-        <span className="sandfork-Tree-meta">
-          {sandbox.created_at ? `${state} · ${formatTime(sandbox.created_at)}` : state}
-        </span>
-        <Actions
-          actions={[
-            ...forkable,
-            {
-              name: 'copy-id',
-              label: 'Copy ID',
-              title: `Copy ${sandbox.id} to the clipboard`,
-              run: () => actions.copyId(sandbox.id)
-            }
-          ]}
-        />
-      </div>
-    );
+  /** A click on a node: selects it, or (with `add`, or in compare mode) compares with it. */
+  private select(node: LineageNode, add: boolean): void {
+    const first = this._lineage?.get(this._selection[0]);
+    const compare =
+      (add || this._comparing) &&
+      first !== undefined &&
+      first !== node &&
+      first.kind !== 'sandbox' &&
+      node.kind !== 'sandbox';
+    this._selection = compare ? [first.id, node.id] : [node.id];
+    this._comparing = false;
+    this.update();
   }
 
-  private _tree: TreeNode[] = [];
+  private take(listing: IListing): void {
+    this._lineage = new Lineage(listing);
+    this._tree = buildTree(this._lineage);
+    this._error = null;
+    const ids = new Set(listing.snapshots.map(snapshot => snapshot.id));
+    this._cache.keep(ids);
+    this._selection = this._selection.filter(id => this._lineage?.get(id) !== undefined);
+  }
+
+  /** The current notebook and its kernel's sandbox, if it is a Sandfork notebook. */
+  private async loadCurrent(): Promise<ICurrent | null> {
+    const panel = this._panel;
+    const kernelId = this.options.kernels.kernelId(panel);
+    if (panel === null || kernelId === null) {
+      return null;
+    }
+    try {
+      return { path: panel.context.path, kernel: await this.options.sandboxes.get(kernelId) };
+    } catch {
+      // Not attached yet, or gone: its history shows without a current position.
+      return { path: panel.context.path, kernel: null };
+    }
+  }
+
+  /** Follows the current notebook and its kernel. */
+  private follow(): void {
+    this._panel?.sessionContext.kernelChanged.disconnect(this.changed, this);
+    this._panel = this.options.tracker.currentWidget;
+    this._panel?.sessionContext.kernelChanged.connect(this.changed, this);
+    this._selection = [];
+    this._comparing = false;
+    this.changed();
+  }
+
+  /** Something shown may have changed: reload now if visible (else when shown). */
+  private changed(): void {
+    if (this.isVisible) {
+      void this.refresh();
+    }
+  }
+
+  private _panel: NotebookPanel | null = null;
+  private _current: ICurrent | null = null;
+  private _lineage: Lineage | null = null;
+  private _tree: ReturnType<typeof buildTree> = [];
+  private _selection: string[] = [];
+  private _comparing = false;
   private _error: string | null = null;
   private _loading = false;
   private _requests = 0;
+  private _listed = 0;
+  private _located = 0;
+  private readonly _cache = new InventoryCache();
 }

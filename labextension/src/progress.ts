@@ -6,6 +6,39 @@ import { getOperation } from './api';
 const POLL_MS = 500;
 
 /**
+ * A toast updated or dismissed right after it was emitted keeps showing what it first said
+ * (jupyterlab/jupyterlab#15558): its outcome waits until it has been up this long.
+ */
+const SETTLE_MS = 500;
+
+/** An "in progress" notification, then its outcome. */
+export class ProgressToast {
+  constructor(message: string) {
+    this.id = Notification.emit(message, 'in-progress', { autoClose: false });
+  }
+
+  /** Says how it is going, while it runs. */
+  progress(message: string, progress?: number): void {
+    Notification.update({ id: this.id, message, type: 'in-progress', autoClose: false, progress });
+  }
+
+  /** Ends it with a success message. */
+  async succeed(message: string): Promise<void> {
+    await this._settled;
+    Notification.update({ id: this.id, message, type: 'success', autoClose: 10000 });
+  }
+
+  /** Ends it quietly (the caller shows the failure). */
+  async dismiss(): Promise<void> {
+    await this._settled;
+    Notification.dismiss(this.id);
+  }
+
+  readonly id: string;
+  private readonly _settled = new Promise(resolve => window.setTimeout(resolve, SETTLE_MS));
+}
+
+/**
  * Runs a long call under a fresh `operation` id, showing its progress in a notification
  * (polled from `operations/{id}`), then the outcome. Failures go to an error dialog with the
  * server's message; the promise then resolves to null.
@@ -16,20 +49,14 @@ export async function withProgress<T>(
   describe: (result: T) => string
 ): Promise<T | null> {
   const operation = UUID.uuid4();
-  const id = Notification.emit(`${title}…`, 'in-progress', { autoClose: false });
+  const toast = new ProgressToast(`${title}…`);
   let running = true;
   const poll = async (): Promise<void> => {
     try {
       const op = await getOperation(operation);
       if (running && op.state === 'running') {
         const steps = op.total ? ` (${op.done}/${op.total})` : '';
-        Notification.update({
-          id,
-          message: `${title}: ${op.step}${steps}`,
-          type: 'in-progress',
-          autoClose: false,
-          progress: op.total ? op.done / op.total : undefined
-        });
+        toast.progress(`${title}: ${op.step}${steps}`, op.total ? op.done / op.total : undefined);
       }
     } catch {
       // The operation is not registered yet, or is over: the call's own answer tells.
@@ -42,11 +69,11 @@ export async function withProgress<T>(
   try {
     const result = await call(operation);
     running = false;
-    Notification.update({ id, message: describe(result), type: 'success', autoClose: 10000 });
+    void toast.succeed(describe(result));
     return result;
   } catch (error) {
     running = false;
-    Notification.dismiss(id);
+    void toast.dismiss();
     await showErrorMessage(`${title} failed`, errorMessage(error));
     return null;
   } finally {

@@ -2,23 +2,44 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { ApiError, IKernelSandbox, getKernelSandbox } from './api';
+import { IKernelSandbox } from './api';
 import { formatMemory } from './format';
 import { sandforkIcon } from './icons';
 import { SandforkKernels } from './kernel';
 import { errorMessage } from './progress';
+import { KernelSandboxes, isAttaching } from './sandboxes';
 
-const RETRY_MS = 1000;
-const MAX_TRIES = 180;
+/** The status item's text and tooltip for a kernel's sandbox. */
+function describe({ sandbox }: IKernelSandbox): [string, string] {
+  const name = `Sandfork sandbox ${sandbox.id}`;
+  switch (sandbox.status) {
+    case 'hibernated':
+      return [
+        'Hibernated',
+        `${name} is hibernated: its VM is stopped, its memory and disk kept. ` +
+          'The next cell wakes it.'
+      ];
+    case 'waking':
+      return ['Waking…', `${name} is waking: its VM is starting again where it stopped.`];
+    default:
+      return [
+        `${sandbox.accelerator.toUpperCase()} · ${formatMemory(sandbox.memory_mb)}`,
+        `${name}: template ${sandbox.template}, ${sandbox.cpu} CPU, ` +
+          `${formatMemory(sandbox.memory_mb)}, ${sandbox.accelerator}, ${sandbox.status}`
+      ];
+  }
+}
 
 /**
  * The status-bar item of the current Sandfork notebook: its sandbox's accelerator and
- * memory. The server answers 409 while the kernel is still attaching: it retries.
+ * memory, or that it is hibernated or waking. It follows the current notebook, its kernel
+ * and the server's events.
  */
 export class SandboxStatus extends Widget {
   constructor(
     private readonly tracker: INotebookTracker,
-    private readonly kernels: SandforkKernels
+    private readonly kernels: SandforkKernels,
+    private readonly sandboxes: KernelSandboxes
   ) {
     super();
     this.addClass('sandfork-StatusItem');
@@ -29,6 +50,7 @@ export class SandboxStatus extends Widget {
     });
     this.node.append(this._icon, this._text);
     tracker.currentChanged.connect(this.follow, this);
+    sandboxes.changed.connect(this.load, this);
     this.follow();
   }
 
@@ -56,36 +78,24 @@ export class SandboxStatus extends Widget {
   private async load(): Promise<void> {
     const kernelId = this.kernels.kernelId(this._panel);
     const generation = ++this._generation;
-    this.display(kernelId === null ? null : 'Sandbox: attaching…', '');
-    for (let tries = 0; kernelId !== null && tries < MAX_TRIES; tries++) {
-      let info: IKernelSandbox;
-      try {
-        info = await getKernelSandbox(kernelId);
-      } catch (error) {
-        if (error instanceof ApiError && error.status === 409) {
-          await new Promise(resolve => setTimeout(resolve, RETRY_MS));
-          if (generation !== this._generation) {
-            return;
-          }
-          continue;
-        }
-        if (generation === this._generation) {
-          this.display('Sandbox: unavailable', errorMessage(error));
-        }
-        return;
-      }
-      if (generation === this._generation) {
-        const { sandbox } = info;
-        this.display(
-          `${sandbox.accelerator.toUpperCase()} · ${formatMemory(sandbox.memory_mb)}`,
-          `Sandfork sandbox ${sandbox.id}: template ${sandbox.template}, ` +
-            `${sandbox.cpu} CPU, ${formatMemory(sandbox.memory_mb)}, ${sandbox.accelerator}`
-        );
-      }
+    if (kernelId === null) {
+      this.display(null, '');
       return;
     }
-    if (kernelId !== null && generation === this._generation) {
-      this.display('Sandbox: not attached', 'The kernel did not attach to a sandbox');
+    if (kernelId !== this._kernelId) {
+      this._kernelId = kernelId;
+      this.display('Sandbox: attaching…', '');
+    }
+    let shown: [string, string];
+    try {
+      shown = describe(await this.sandboxes.get(kernelId));
+    } catch (error) {
+      shown = isAttaching(error)
+        ? ['Sandbox: not attached', 'The kernel did not attach to a sandbox']
+        : ['Sandbox: unavailable', errorMessage(error)];
+    }
+    if (generation === this._generation) {
+      this.display(...shown);
     }
   }
 
@@ -93,6 +103,7 @@ export class SandboxStatus extends Widget {
   private display(text: string | null, title: string): void {
     this._text.textContent = text ?? '';
     this.node.title = title;
+    this.toggleClass('sandfork-mod-hibernated', text === 'Hibernated');
     if (this._active !== (text !== null)) {
       this._active = text !== null;
       this._activeChanged.emit();
@@ -100,6 +111,7 @@ export class SandboxStatus extends Widget {
   }
 
   private _panel: NotebookPanel | null = null;
+  private _kernelId: string | null = null;
   private _generation = 0;
   private _active = false;
   private readonly _activeChanged = new Signal<this, void>(this);

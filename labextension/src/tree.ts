@@ -1,59 +1,41 @@
-import { IListing, ISandbox, ISnapshot } from './api';
+import { Lineage, LineageNode, createdAt } from './lineage';
 
-export interface ISandboxNode {
-  kind: 'sandbox';
-  sandbox: ISandbox;
-  children: TreeNode[];
-}
-
-export interface ISnapshotNode {
-  kind: 'snapshot';
-  snapshot: ISnapshot;
-  children: TreeNode[];
-}
-
-export type TreeNode = ISandboxNode | ISnapshotNode;
-
-function createdAt(node: TreeNode): string {
-  return (node.kind === 'sandbox' ? node.sandbox.created_at : node.snapshot.created_at) ?? '';
+/** A snapshot proper or a sandbox, with what hangs under it. */
+export interface ITreeNode {
+  node: LineageNode;
+  children: ITreeNode[];
 }
 
 /**
- * The snapshot/branch tree of a listing: a sandbox's children are its snapshots and its
- * forks, a snapshot's children the sandboxes restored from it. A snapshot whose sandbox is
- * not listed hangs under the snapshot that sandbox came from (`parent_id`), else at the root;
- * so does a sandbox whose origin is not listed. Siblings are newest first.
+ * The side panel's list of all snapshots and sandboxes, as a tree: a sandbox's children are
+ * its snapshots and its forks, a snapshot's the sandboxes restored from it. Checkpoints are
+ * left out (the history graph shows them): what hangs under one hangs under its nearest
+ * ancestor shown, else at the root. So are sandboxes that are gone, unless something hangs
+ * under them. Siblings are newest first.
  */
-export function buildTree(listing: IListing): TreeNode[] {
-  const sandboxes = new Map<string, ISandboxNode>();
-  const snapshots = new Map<string, ISnapshotNode>();
-  for (const sandbox of listing.sandboxes) {
-    sandboxes.set(sandbox.id, { kind: 'sandbox', sandbox, children: [] });
+export function buildTree(lineage: Lineage): ITreeNode[] {
+  const shown = new Map<LineageNode, ITreeNode>();
+  for (const node of lineage.nodes) {
+    if (node.kind !== 'checkpoint') {
+      shown.set(node, { node, children: [] });
+    }
   }
-  for (const snapshot of listing.snapshots) {
-    snapshots.set(snapshot.id, { kind: 'snapshot', snapshot, children: [] });
+  const roots: ITreeNode[] = [];
+  for (const [node, item] of shown) {
+    let parent = lineage.parent(node);
+    while (parent && !shown.has(parent)) {
+      parent = lineage.parent(parent);
+    }
+    const under = parent ? shown.get(parent) : undefined;
+    (under?.children ?? roots).push(item);
   }
-  const roots: TreeNode[] = [];
-  const attach = (node: TreeNode, parent: TreeNode | undefined): void => {
-    (parent ? parent.children : roots).push(node);
-  };
-  for (const node of sandboxes.values()) {
-    const { forked_from, from_snapshot } = node.sandbox;
-    attach(
-      node,
-      (forked_from && sandboxes.get(forked_from)) ||
-        (from_snapshot && snapshots.get(from_snapshot)) ||
-        undefined
-    );
-  }
-  for (const node of snapshots.values()) {
-    const { sandbox_id, parent_id } = node.snapshot;
-    attach(node, sandboxes.get(sandbox_id) || (parent_id && snapshots.get(parent_id)) || undefined);
-  }
-  const sort = (nodes: TreeNode[]): TreeNode[] => {
-    nodes.sort((a, b) => createdAt(b).localeCompare(createdAt(a)));
-    nodes.forEach(node => sort(node.children));
-    return nodes;
-  };
-  return sort(roots);
+  const tidy = (items: ITreeNode[]): ITreeNode[] =>
+    items
+      .map(item => ({ ...item, children: tidy(item.children) }))
+      .filter(
+        ({ node, children }) =>
+          node.kind !== 'sandbox' || node.sandbox.status !== 'gone' || children.length > 0
+      )
+      .sort((a, b) => createdAt(b.node).localeCompare(createdAt(a.node)));
+  return tidy(roots);
 }

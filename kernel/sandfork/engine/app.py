@@ -23,6 +23,7 @@ from sandfork.engine.db import Database
 from sandfork.engine.egress import EgressProxy, exempting
 from sandfork.engine.errors import NotFound
 from sandfork.engine.handlers.base import ApiHandler
+from sandfork.engine.handlers.changes import ChangesHandler
 from sandfork.engine.handlers.channels import ChannelsHandler
 from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler, RecordedExecStreamHandler
 from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
@@ -76,6 +77,7 @@ def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> we
     routes: list[Any] = [
         (r"/v1/health", HealthHandler),
         (r"/v1/templates", TemplatesHandler),
+        (r"/v1/changes", ChangesHandler),
         (r"/v1/sandboxes", SandboxesHandler),
         (rf"/v1/sandboxes/{_SBX}", SandboxHandler),
         (rf"/v1/sandboxes/{_SBX}/lease", LeaseHandler),
@@ -166,6 +168,7 @@ async def serve(config: EngineConfig) -> None:
             default_timeout=config.default_exec_timeout,
             agent_timeout=config.agent_timeout,
             max_file_bytes=config.max_file_bytes,
+            inventory_timeout=config.inventory_timeout,
         ),
     )
     await services.start()

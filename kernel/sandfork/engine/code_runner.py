@@ -12,6 +12,7 @@ import contextlib
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ class _Run:
     stderr: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
     execution_count: int | None = None
+    user_expressions: Any = None  # as the kernel sent them: untrusted
     replied: bool = False
     idle: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -59,6 +61,7 @@ class _Run:
         if channel == "shell" and kind == "execute_reply":
             self.replied = True
             self.execution_count = content.get("execution_count")
+            self.user_expressions = content.get("user_expressions")
             if content.get("status") == "aborted" and self.error is None:
                 self.error = {
                     "name": "Aborted",
@@ -159,34 +162,29 @@ class CodeRunner:
                 raise
             raise AgentTimeout("ctx.send", timeout + margin) from None
 
+    async def evaluate(self, context: str, expressions: dict[str, str], wait: float) -> Any:
+        """Evaluate ``expressions`` in ``context``'s kernel and return its reply's
+        ``user_expressions`` (untrusted: whatever the kernel sent).
+
+        The request is silent: the kernel's history and execution count do not change.
+        Nothing is interrupted: a kernel still busy with a cell after ``wait`` seconds raises
+        :class:`TimeoutError`, and the reply it sends later is dropped.
+        """
+        msg = self._execute_request("", silent=True, user_expressions=expressions)
+        async with asyncio.timeout(wait), self._tracked(context, msg, 0) as run:
+            await self._send(context, msg, wait)
+            await run.done.wait()
+        if run.died is not None:
+            raise AgentError("KernelDied", f"the kernel died: {run.died}")
+        return run.user_expressions
+
     async def _run(
         self, context: str, code: str, timeout: float, max_output: int, silent: bool, margin: float
     ) -> dict[str, Any]:
         wait = timeout + margin  # each request's own deadline; run() bounds them together
-        msg = self._session.msg(
-            "execute_request",
-            {
-                "code": code,
-                "silent": silent,
-                "store_history": not silent,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": True,
-            },
-        )
-        msg_id = msg["header"]["msg_id"]
-        run = self._runs[msg_id] = _Run(context, max_output)
-        try:
-            try:
-                await self._agent.request(
-                    "ctx.send",
-                    {"context": context, "channel": "shell", "msg": msg},
-                    wait=wait,
-                )
-            except AgentError as e:
-                if e.type == "NotFound":
-                    raise NotFound(f"no code context {context!r} in this sandbox") from e
-                raise
+        msg = self._execute_request(code, silent=silent)
+        async with self._tracked(context, msg, max_output) as run:
+            await self._send(context, msg, wait)
             try:
                 await asyncio.wait_for(run.done.wait(), timeout)
             except TimeoutError:
@@ -199,5 +197,40 @@ class CodeRunner:
                     f"timeout: the code ran past {timeout:g} s and was interrupted"
                 ) from None
             return run.to_api()
+
+    def _execute_request(
+        self, code: str, *, silent: bool, user_expressions: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        return self._session.msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": silent,
+                "store_history": not silent,
+                "user_expressions": user_expressions or {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+        )
+
+    @contextlib.asynccontextmanager
+    async def _tracked(
+        self, context: str, msg: dict[str, Any], max_output: int
+    ) -> AsyncIterator[_Run]:
+        """The replies to ``msg`` gathered while in the block; later ones are dropped."""
+        msg_id = msg["header"]["msg_id"]
+        run = self._runs[msg_id] = _Run(context, max_output)
+        try:
+            yield run
         finally:
             del self._runs[msg_id]
+
+    async def _send(self, context: str, msg: dict[str, Any], wait: float) -> None:
+        try:
+            await self._agent.request(
+                "ctx.send", {"context": context, "channel": "shell", "msg": msg}, wait=wait
+            )
+        except AgentError as e:
+            if e.type == "NotFound":
+                raise NotFound(f"no code context {context!r} in this sandbox") from e
+            raise

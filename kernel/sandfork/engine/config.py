@@ -108,3 +108,9 @@ class EngineConfig(LoggingConfigurable):
         help="Seconds the guest agent may take to answer a request (exec and run_code: their "
         "timeout plus this); past it the sandbox is reported unresponsive (504).",
     ).tag(config=True)
+    inventory_timeout = Float(
+        2.0,
+        help="Seconds a snapshot waits for the variable inventory of the sandbox's default "
+        "kernel; a kernel still busy with a cell then gets an inventory marked unavailable "
+        "(the cell is not interrupted).",
+    ).tag(config=True)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandfork.engine.changes import ChangeFeed
 from sandfork.protocol import SnapshotInfo
 
 _SCHEMA = """
@@ -142,6 +143,7 @@ class Database:
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
         self._migrate()
+        self.changes = ChangeFeed()
 
     def _migrate(self) -> None:
         """Add the columns that databases of earlier versions lack."""
@@ -175,6 +177,7 @@ class Database:
         row["persistent"] = int(record.persistent)
         row["host_access"] = int(record.host_access)
         self._replace("sandboxes", row)
+        self.changes.sandbox(record.id, (record.status, row["metadata"], record.from_snapshot))
 
     def _replace(self, table: str, row: dict[str, Any]) -> None:
         cols = ", ".join(row)
@@ -184,6 +187,7 @@ class Database:
     def delete(self, sandbox_id: str) -> None:
         """Forget a sandbox."""
         self._conn.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+        self.changes.forget(sandbox_id)
 
     def all(self) -> list[SandboxRecord]:
         """Every sandbox, oldest first."""
@@ -204,10 +208,12 @@ class Database:
         row["metadata"] = json.dumps(snap.metadata)
         row["attachments"] = json.dumps(snap.attachments)
         self._replace("snapshots", row)
+        self.changes.bump()
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Forget a snapshot."""
         self._conn.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+        self.changes.bump()
 
     def snapshots(self) -> list[SnapshotRecord]:
         """Every snapshot, oldest first."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sandfork.backends.base import Backend
 from sandfork.engine.boot_captures import BootCaptures
+from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
 from sandfork.engine.execution import ExecutionService
 from sandfork.engine.ledger import Ledger
@@ -34,6 +35,8 @@ class Bounds:
     default_timeout: float  # seconds of an exec or run_code that names none
     agent_timeout: float  # seconds any agent request may take past its own timeout
     max_file_bytes: int  # largest file read or written in one request
+    # seconds a snapshot waits for the kernel's variable inventory
+    inventory_timeout: float = EngineConfig.inventory_timeout.default_value
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,9 @@ class EngineServices:
             agent_timeout=bounds.agent_timeout,
             max_file_bytes=bounds.max_file_bytes,
         )
-        snapshots = SnapshotService(sandboxes, execution, store, ledger, backend, limits, home)
+        snapshots = SnapshotService(
+            sandboxes, execution, store, ledger, backend, limits, home, bounds.inventory_timeout
+        )
         return cls(sandboxes, execution, snapshots)
 
     async def start(self) -> None:

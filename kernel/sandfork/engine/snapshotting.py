@@ -18,7 +18,7 @@ from typing import Any
 
 from sandfork.backends.base import Backend
 from sandfork.crashpoints import crash_point
-from sandfork.engine import exchange
+from sandfork.engine import exchange, inventory
 from sandfork.engine.boot_captures import Capture
 from sandfork.engine.db import SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
@@ -35,6 +35,7 @@ from sandfork.engine.snapshots import (
     stored_bytes,
     write_attachments,
 )
+from sandfork.protocol import INVENTORY_ATTACHMENT
 
 PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
 
@@ -51,6 +52,7 @@ class SnapshotService:
         backend: Backend,
         limits: Limits,
         home: Path,
+        inventory_timeout: float,
     ) -> None:
         self.sandboxes = sandboxes
         self.execution = execution
@@ -58,6 +60,7 @@ class SnapshotService:
         self.ledger = ledger
         self.backend = backend
         self.limits = limits
+        self.inventory_timeout = inventory_timeout
         sandboxes.waker = self.wake
         self.tmp_dir = home / "tmp"  # export and import files; what a killed engine left goes
         exchange.reset_tmp(self.tmp_dir)
@@ -91,8 +94,10 @@ class SnapshotService:
         """Capture a running sandbox (it keeps running) into an immutable snapshot.
 
         ``attachments`` are files stored with it (a notebook document, say), written before
-        the snapshot is listed: it appears with them or not at all.
+        the snapshot is listed: it appears with them or not at all. A visible snapshot also
+        gets the engine's ``inventory.json`` (:mod:`sandfork.engine.inventory`).
         """
+        inventory.refuse_client_inventory(attachments)
         live = await self.sandboxes.awake(sandbox_id)
         estimate = live.instance.memory_bytes()
         if hidden:  # a fork's capture: no quota (it is not listed), but its layers are on disk
@@ -154,6 +159,9 @@ class SnapshotService:
         live = self.sandboxes.live(sandbox_id)  # it may have been killed while we waited
         record = live.record
         contexts = await self.execution.contexts(sandbox_id)
+        if not hidden and HIBERNATION not in (metadata or {}):
+            found = await inventory.take(live, contexts.get("contexts", []), self.inventory_timeout)
+            attachments = {**(attachments or {}), INVENTORY_ATTACHMENT: found}
         snapshot_id = new_snapshot_id()
         # A fork's capture is thrown away once the children run: keep it off the disk.
         staging = self.store.staging(snapshot_id, in_memory=hidden)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Int
 
 from sandfork.client import EngineConnection
 from sandfork.jupyter.handlers import HANDLERS
+from sandfork.jupyter.lineage_events import LineageEvents
 from sandfork.jupyter.operations import Operations
 from sandfork.jupyter.service import SandforkService
 from sandfork.protocol import MAX_BRANCHES
@@ -39,6 +42,16 @@ class SandforkExtension(ExtensionApp):
             self.serverapp, engine, Operations(), self.max_branches, self.lease_seconds
         )
         self.settings["sandfork_service"] = service
+        serverapp: Any = self.serverapp
+        self.events = LineageEvents(serverapp.event_logger, engine, serverapp.kernel_manager)
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Start pushing lineage events, once the server's event loop runs."""
+        self.events.start()
+
+    async def stop_extension(self) -> None:
+        """Stop pushing lineage events."""
+        await self.events.stop()
 
     def initialize_handlers(self) -> None:
         """Register the REST handlers (under the server's base URL)."""

@@ -110,6 +110,24 @@ class SnapshotHandler(SandforkHandler):
         self.finish()
 
 
+class InventoryHandler(SandforkHandler):
+    """``GET``: the variables a snapshot holds, as captured with it."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, snapshot_id: str) -> None:
+        self.reply(await self.service.inventory(snapshot_id))
+
+
+class DiffHandler(SandforkHandler):
+    """``GET``: what changed in the variables from one snapshot to another."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, before: str, after: str) -> None:
+        self.reply(await self.service.diff(before, after))
+
+
 class RestoreHandler(SandforkHandler):
     """``POST``: restore a snapshot into a new notebook with its own kernel."""
 
@@ -163,6 +181,8 @@ HANDLERS: list[tuple[str, type[SandforkHandler]]] = [
     (r"/sandfork/api/snapshots", SnapshotsHandler),
     (r"/sandfork/api/snapshots/([^/]+)", SnapshotHandler),
     (r"/sandfork/api/snapshots/([^/]+)/restore", RestoreHandler),
+    (r"/sandfork/api/snapshots/([^/]+)/inventory", InventoryHandler),
+    (r"/sandfork/api/snapshots/([^/]+)/diff/([^/]+)", DiffHandler),
     (r"/sandfork/api/forks", ForksHandler),
     (r"/sandfork/api/operations/([^/]+)", OperationHandler),
 ]

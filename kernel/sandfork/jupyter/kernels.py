@@ -24,6 +24,7 @@ class KernelSandbox:
     kernel_id: str
     sandbox_id: str
     context: str
+    checkpoints: dict[str, Any]  # the kernel's: enabled, kept, lineage
 
 
 def is_sandfork_spec(kernel_spec_manager: Any, name: str) -> bool:
@@ -61,16 +62,21 @@ def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox:
     found = _read_state(kernel)
     if found is None:
         raise http_error(409, f"kernel {kernel_id} is still starting its sandbox; try again")
-    return KernelSandbox(kernel_id, found[0], found[1])
+    return found
 
 
-def _read_state(kernel: Any) -> tuple[str, str] | None:
-    """(sandbox id, context) once the kernel has attached, else None."""
+def _read_state(kernel: Any) -> KernelSandbox | None:
+    """What the kernel recorded once attached, else None."""
     try:
         data = load_state(state_file(kernel.connection_file))
     except (OSError, ValueError):
         return None
-    return None if data is None else (str(data["sandbox_id"]), str(data["context"]))
+    if data is None:
+        return None
+    checkpoints = data.get("checkpoints") or {}
+    return KernelSandbox(
+        kernel.kernel_id, str(data["sandbox_id"]), str(data["context"]), checkpoints
+    )
 
 
 def sandbox_kernels(kernel_manager: Any) -> dict[str, str]:
@@ -80,7 +86,7 @@ def sandbox_kernels(kernel_manager: Any) -> dict[str, str]:
         with contextlib.suppress(KeyError):
             state = _read_state(kernel_manager.get_kernel(kernel_id))
             if state is not None:
-                found[state[0]] = kernel_id
+                found[state.sandbox_id] = kernel_id
     return found
 
 
@@ -100,21 +106,28 @@ async def start_attached(
         kernel_name=KERNEL_NAME, path=posixpath.dirname(notebook_path), env=env
     )
     try:
-        await _wait_attached(kernel_manager, kernel_id, (sandbox_id, context))
+        await wait_attached(kernel_manager, kernel_id, (sandbox_id, context))
     except BaseException:
         await shutdown_quietly(kernel_manager, kernel_id)
         raise
     return kernel_id
 
 
-async def _wait_attached(kernel_manager: Any, kernel_id: str, target: tuple[str, str]) -> None:
+async def wait_attached(
+    kernel_manager: Any, kernel_id: str, target: tuple[str, str] | None = None
+) -> None:
+    """Return once the kernel has attached (to ``target``, if given: sandbox id, context);
+    an HTTP error if it exits or takes longer than :data:`ATTACH_TIMEOUT`."""
     kernel = kernel_manager.get_kernel(kernel_id)
     deadline = asyncio.get_running_loop().time() + ATTACH_TIMEOUT
-    while _read_state(kernel) != target:
+    while (state := _read_state(kernel)) is None or target not in (
+        None,
+        (state.sandbox_id, state.context),
+    ):
         if not await kernel.is_alive():
-            raise http_error(500, f"the Sandfork kernel for sandbox {target[0]} exited")
+            raise http_error(500, f"the Sandfork kernel {kernel_id} exited")
         if asyncio.get_running_loop().time() > deadline:
-            raise http_error(504, f"the kernel did not attach to {target[0]} in time")
+            raise http_error(504, f"the kernel {kernel_id} did not attach in time")
         await asyncio.sleep(0.1)
 
 

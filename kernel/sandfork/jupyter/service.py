@@ -18,6 +18,7 @@ from jupyter_server.utils import ensure_async
 from tornado import web
 
 from sandfork.client import EngineClient
+from sandfork.jupyter import lineage
 from sandfork.jupyter.errors import error_message, http_error
 from sandfork.jupyter.kernels import (
     KERNEL_NAME,
@@ -26,6 +27,7 @@ from sandfork.jupyter.kernels import (
     sandfork_kernel_names,
     start_attached,
 )
+from sandfork.jupyter.lineage import INVENTORY, NOTEBOOK
 from sandfork.jupyter.notebooks import (
     checked_notebook,
     checked_path,
@@ -37,12 +39,10 @@ from sandfork.jupyter.operations import Operation, Operations
 from sandfork.protocol import (
     DEFAULT_CONTEXT,
     SandforkError,
-    SnapshotInfo,
     check_snapshot_name,
     is_snapshot_id,
 )
-
-NOTEBOOK = "notebook.ipynb"  # the attachment holding the notebook document of a snapshot
+from sandfork.sdk.inventory import Inventory
 
 
 def checked_snapshot_id(snapshot_id: str) -> str:
@@ -113,47 +113,42 @@ class SandforkService:
         sandbox = await self.call("GET", f"/sandboxes/{attached.sandbox_id}")
         keep = ("id", "template", "status", "accelerator", "memory_mb", "cpu", "from_snapshot")
         info = {k: sandbox.get(k) for k in keep} | {"metadata": sandbox.get("metadata", {})}
-        return {"kernel_id": kernel_id, "context": attached.context, "sandbox": info}
+        checkpoints = attached.checkpoints
+        return {
+            "kernel_id": kernel_id,
+            "context": attached.context,
+            "sandbox": info,
+            "lineage": checkpoints.get("lineage"),
+            "checkpoints": bool(checkpoints.get("enabled")),
+        }
 
     async def lineage(self) -> dict[str, Any]:
-        """Snapshots and the sandboxes they relate to, for the side panel's tree."""
+        """Snapshots and the sandboxes they relate to, for the side panel's graph."""
         snapshots = (await self.call("GET", "/snapshots"))["snapshots"]
-        known = {s["id"]: s for s in (await self.call("GET", "/sandboxes"))["items"]}
-        kernels = sandbox_kernels(self.kernels)
-        paths = {
-            s["kernel"]["id"]: s["path"]
-            for s in await ensure_async(self.sessions.list_sessions())
-            if s.get("kernel")
-        }
-        wanted = {s["sandbox_id"] for s in snapshots} | set(kernels)
-        wanted |= {
-            sid
-            for sid, s in known.items()
-            if s.get("from_snapshot") or s["metadata"].get("fork_parent_id")
-        }
-        pending = list(wanted)
-        while pending:  # a branch's parent belongs in the tree too
-            parent = known.get(pending.pop(), {}).get("metadata", {}).get("fork_parent_id")
-            if parent and parent not in wanted:
-                wanted.add(parent)
-                pending.append(parent)
-        nodes = []
-        for sid in sorted(wanted):
-            s = known.get(sid, {"id": sid, "status": "gone", "metadata": {}})
-            kernel_id = kernels.get(sid)
-            nodes.append(
-                {
-                    "id": sid,
-                    "status": s["status"],
-                    "created_at": s.get("created_at"),
-                    "from_snapshot": s.get("from_snapshot"),
-                    "forked_from": s["metadata"].get("fork_parent_id"),
-                    "notebook_path": paths.get(kernel_id or "")
-                    or s["metadata"].get("notebook_path"),
-                    "kernel_id": kernel_id,
-                }
+        sandboxes = (await self.call("GET", "/sandboxes"))["items"]
+        sessions = await ensure_async(self.sessions.list_sessions())
+        return lineage.listing(snapshots, sandboxes, sandbox_kernels(self.kernels), sessions)
+
+    async def inventory(self, snapshot_id: str) -> dict[str, Any]:
+        """The variables a snapshot holds (as captured with it)."""
+        return lineage.inventory_entry(await self._inventory(snapshot_id))
+
+    async def diff(self, before: str, after: str) -> dict[str, Any]:
+        """What changed in the variables from snapshot ``before`` to ``after``."""
+        old, new = await self._inventory(before), await self._inventory(after)
+        return lineage.diff_entry(old, new, before, after)
+
+    async def _inventory(self, snapshot_id: str) -> Inventory:
+        snap = await self.call("GET", f"/snapshots/{checked_snapshot_id(snapshot_id)}")
+        if INVENTORY not in snap.get("attachments", []):
+            return Inventory.missing()
+        try:
+            answer = await self.engine.fetch(
+                "GET", f"/snapshots/{snapshot_id}/attachments/{INVENTORY}"
             )
-        return {"snapshots": [_snapshot_entry(s) for s in snapshots], "sandboxes": nodes}
+        except SandforkError as e:
+            raise _http_error(e) from e
+        return Inventory.from_api(json.loads(answer.content))
 
     # -- snapshots -----------------------------------------------------------------------
 
@@ -178,7 +173,7 @@ class SandforkService:
                     "attachments": {NOTEBOOK: json.dumps(document)},
                 },
             )
-        return _snapshot_entry(snap)
+        return lineage.snapshot_entry(snap)
 
     async def rename(self, snapshot_id: str, name: Any) -> dict[str, Any]:
         """Give a snapshot a new name."""
@@ -186,7 +181,7 @@ class SandforkService:
         if name is None:
             raise http_error(400, "field 'name' is required")
         body = {"name": checked_name(name)}
-        return _snapshot_entry(await self.call("PATCH", f"/snapshots/{snapshot_id}", body))
+        return lineage.snapshot_entry(await self.call("PATCH", f"/snapshots/{snapshot_id}", body))
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete a snapshot (the engine refuses while a restore from it runs)."""
@@ -326,21 +321,3 @@ def _http_error(error: SandforkError) -> web.HTTPError:
     engine) and its message."""
     status = error.status or 502
     return http_error(status if status < 500 else 502, str(error))
-
-
-def _snapshot_entry(data: dict[str, Any]) -> dict[str, Any]:
-    """A snapshot as the front end shows it: the API's fields it needs, and the notebook."""
-    snap = SnapshotInfo.from_api(data)
-    return {
-        "id": snap.id,
-        "name": snap.name,
-        "created_at": snap.created_at,
-        "size_bytes": snap.size_bytes,
-        "paused_ms": snap.paused_ms,
-        "memory_mb": snap.memory_mb,
-        "sandbox_id": snap.sandbox_id,
-        "parent_id": snap.parent_id,
-        "notebook_path": snap.metadata.get("notebook_path"),
-        "kernel_id": snap.metadata.get("kernel_id"),
-        "has_notebook": NOTEBOOK in snap.attachments,
-    }

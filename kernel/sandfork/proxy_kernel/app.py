@@ -70,6 +70,18 @@ class SandforkKernelApp(JupyterApp):
     checkpoints_kept = Int(
         20, help="Per-cell checkpoints kept per kernel; older ones are deleted."
     ).tag(config=True)
+    remap_pause_ms = Int(
+        50,
+        help="A per-cell checkpoint that paused the kernel longer than this (ms) moves the "
+        "kernel onto a sandbox restored from it, in the same state: its memory then maps the "
+        "checkpoint, and later checkpoints pause only for the pages cells change; 0: never.",
+    ).tag(config=True)
+    hibernate_after = Float(
+        1800.0,
+        help="Seconds a kernel may stay idle before its sandbox hibernates (captured, its VM "
+        "stopped, memory freed; the next request wakes it with its state); 0: never. A "
+        "notebook sets its own with %hibernate after SECONDS|off.",
+    ).tag(config=True)
 
     @default("sandbox_id")
     def _sandbox_id_default(self) -> str:
@@ -115,11 +127,22 @@ class SandforkKernelApp(JupyterApp):
             self.exit("the connection file is required: -f {connection_file}")
         connection = json.loads(Path(self.connection_file).read_text())
         state = state_file(self.connection_file)
-        asyncio.run(self._serve(connection, self.attachment(state), state))
+        saved = (load_state(state) or {}).get("checkpoints")
+        checkpoints = CellCheckpoints.from_state(
+            saved, self.checkpoint_cells, self.checkpoints_kept, self.remap_pause_ms
+        )
+        asyncio.run(self._serve(connection, self.attachment(state), state, checkpoints))
 
-    async def _serve(self, connection: dict[str, Any], attachment: Attachment, state: Path) -> None:
-        checkpoints = CellCheckpoints(enabled=self.checkpoint_cells, kept=self.checkpoints_kept)
-        proxy = KernelProxy(connection, attachment, state, self.lease_seconds, checkpoints)
+    async def _serve(
+        self,
+        connection: dict[str, Any],
+        attachment: Attachment,
+        state: Path,
+        checkpoints: CellCheckpoints,
+    ) -> None:
+        proxy = KernelProxy(
+            connection, attachment, state, self.lease_seconds, checkpoints, self.hibernate_after
+        )
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, proxy.terminate)
         # Interrupts come as messages (interrupt_mode: message); a terminal's Ctrl-C is not ours.

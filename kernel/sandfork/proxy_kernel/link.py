@@ -14,9 +14,11 @@ from typing import Any
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
 from sandfork.client import EngineClient
+from sandfork.protocol import SandforkError
 
 log = logging.getLogger(__name__)
 
+_RECONNECT_FOR = 60.0  # seconds the kernel tries to get its channels back after a drop
 _MAX_MESSAGE = 1 << 30  # tornado's default (10 MiB) would drop the link on a large output
 _DECODER = json.JSONDecoder()
 _PARTS = ("header", "parent_header", "metadata", "content")
@@ -167,3 +169,36 @@ class SandboxLink:
         if ws is not None:
             ws.close()
         self.closed.set()
+
+
+async def keep_linked(
+    current: Callable[[], SandboxLink], closing: Callable[[], bool], gone: Callable[[str], None]
+) -> None:
+    """Reopen the ``current()`` link's channels when they drop (an engine restart) until
+    ``closing()``; call ``gone`` with the reason when its sandbox is gone for good. A link
+    replaced meanwhile (``%restore``, hibernation) is left to whoever replaced it."""
+    while True:
+        link = current()
+        await link.closed.wait()
+        if closing():
+            return
+        if link is not current():
+            continue
+        log.warning("lost the channels of sandbox %s; reconnecting", link.sandbox_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _RECONNECT_FOR
+        while link is current() and not link.connected and loop.time() < deadline:
+            try:
+                await link.open()
+            except SandforkError as e:
+                # 404: deleted; 409: its VM died (an engine answers only once it has
+                # adopted its running sandboxes): either way there is nothing to wait for
+                if e.status in (404, 409):
+                    break
+                log.debug("reconnect failed: %s", e)
+                await asyncio.sleep(1.0)
+        if link is current() and not link.connected:
+            reason = f"sandbox {link.sandbox_id} is gone; restart the kernel"
+            log.error(reason)
+            gone(reason)
+            return

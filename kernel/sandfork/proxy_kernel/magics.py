@@ -1,5 +1,5 @@
 """The proxy's own magics: ``%snapshot``, ``%fork``, ``%restore``, ``%sandbox``,
-``%checkpoints`` and ``%rewind``.
+``%checkpoints``, ``%rewind`` and ``%hibernate``.
 
 One of these on the first line of a cell is handled by the proxy, through the SDK, before the
 cell reaches the guest kernel; the guest then runs the cell with a one-line stand-in in the
@@ -11,14 +11,15 @@ rest of the cell runs after the magic: after ``%restore``, in the restored sandb
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sandfork.protocol import MAX_FORKS, is_snapshot_id
 from sandfork.proxy_kernel.checkpoints import CellCheckpoints
+from sandfork.proxy_kernel.hibernation import IdleTimer
 from sandfork.sdk import Sandbox, SandforkError, Snapshot
 
 _MAGIC = re.compile(
-    r"\A(?P<lead>\s*?)[ \t]*%(?P<name>snapshot|fork|restore|sandbox|checkpoints|rewind)"
+    r"\A(?P<lead>\s*?)[ \t]*%(?P<name>snapshot|fork|restore|sandbox|checkpoints|rewind|hibernate)"
     r"(?:[ \t]+(?P<arg>[^\n]*?))?"
     r"[ \t\r]*(?:\n|\Z)"
 )
@@ -55,20 +56,23 @@ def parse(code: str) -> Magic | None:
     return Magic(match["name"], match["arg"] or "", lead, code[match.end() :])
 
 
-def run(
-    magic: Magic,
-    sandbox: Sandbox,
-    lease_seconds: float | None = None,
-    checkpoints: CellCheckpoints | None = None,
-) -> Outcome:
-    """Run ``magic`` against ``sandbox``; raises :class:`MagicError` on misuse.
+@dataclass
+class KernelControls:
+    """What the kernel's magics act on besides its sandbox."""
 
-    A sandbox ``%restore`` or ``%rewind`` creates has a lease of ``lease_seconds`` (the
-    kernel renews it); ``checkpoints`` are the kernel's per-cell checkpoints.
-    """
+    lease_seconds: float | None = None  # of a sandbox %restore or %rewind creates
+    checkpoints: CellCheckpoints = field(default_factory=CellCheckpoints)
+    idle: IdleTimer = field(default_factory=lambda: IdleTimer(0))
+
+
+def run(magic: Magic, sandbox: Sandbox, controls: KernelControls | None = None) -> Outcome:
+    """Run ``magic`` against ``sandbox``; raises :class:`MagicError` on misuse."""
+    controls = controls or KernelControls()
     name, argument = magic.name, magic.argument
     if name in ("checkpoints", "rewind"):
-        return _checkpoint_magic(magic, sandbox, lease_seconds, checkpoints or CellCheckpoints())
+        return _checkpoint_magic(magic, sandbox, controls)
+    if name == "hibernate":
+        return _hibernate_magic(magic, controls.idle)
     try:
         if name == "snapshot":
             return Outcome(sandbox.snapshot(argument or None))
@@ -77,42 +81,77 @@ def run(
             return Outcome("\n".join(child.id for child in children))
         if name == "restore":
             snapshot_id = _snapshot_id(argument, sandbox)
-            restored = Sandbox.create(
-                from_snapshot=snapshot_id, lease_seconds=lease_seconds, client=sandbox.client
-            )
+            restored = _restored(snapshot_id, sandbox, controls)
             return Outcome(f"restored {snapshot_id} into {restored.id}", restored)
         return Outcome(describe(sandbox))
     except SandforkError as e:
         raise MagicError(f"%{name} failed: {e}") from e
 
 
-def _checkpoint_magic(
-    magic: Magic, sandbox: Sandbox, lease_seconds: float | None, checkpoints: CellCheckpoints
-) -> Outcome:
-    """``%checkpoints [on|off]`` and ``%rewind [n]``."""
-    if magic.name == "checkpoints":
-        if magic.argument not in ("", "on", "off"):
-            raise MagicError("usage: %checkpoints [on|off]")
-        if magic.argument:
-            checkpoints.enabled = magic.argument == "on"
-        state = "on" if checkpoints.enabled else "off"
-        return Outcome(f"checkpoints after every cell: {state} (the last {checkpoints.kept} kept)")
-    cells = _count(magic.argument, "%rewind [N]", 10**6)
+def _restored(snapshot_id: str, sandbox: Sandbox, controls: KernelControls) -> Sandbox:
+    """A new sandbox, the kernel's own, restored from ``snapshot_id``."""
+    restored = Sandbox.create(
+        from_snapshot=snapshot_id, lease_seconds=controls.lease_seconds, client=sandbox.client
+    )
+    controls.checkpoints.moved(restored, snapshot_id)
+    return restored
+
+
+def _checkpoint_magic(magic: Magic, sandbox: Sandbox, controls: KernelControls) -> Outcome:
+    """``%checkpoints [on [KEEP]|off]``, ``%rewind [N]`` and ``%rewind --cell ID``."""
+    checkpoints = controls.checkpoints
+    words = magic.argument.split()
     try:
-        target = checkpoints.before_last(sandbox, cells)
-        restored = Sandbox.create(
-            from_snapshot=target.id, lease_seconds=lease_seconds, client=sandbox.client
-        )
+        if magic.name == "checkpoints":
+            if words == ["off"]:
+                checkpoints.enabled = False
+            elif words[:1] == ["on"] and len(words) <= 2:
+                usage = "%checkpoints on [KEEP]"
+                checkpoints.turn_on(sandbox, _count(words[1], usage, 10**4) if words[1:] else None)
+            elif words:
+                raise MagicError("usage: %checkpoints [on [KEEP]|off]")
+            state = "on" if checkpoints.enabled else "off"
+            return Outcome(
+                f"checkpoints after every cell: {state} (the last {checkpoints.kept} kept)"
+            )
+        if words[:1] == ["--cell"] and len(words) == 2:
+            target = checkpoints.before_cell(sandbox, words[1])
+            what = f"to before cell {words[1]}"
+        elif words[:1] != ["--cell"]:
+            cells = _count(magic.argument, "%rewind [N] | %rewind --cell ID", 10**6)
+            target = checkpoints.before_last(sandbox, cells)
+            what = f"{cells} cell(s)"
+        else:
+            raise MagicError("usage: %rewind [N] | %rewind --cell ID")
+        restored = _restored(target.id, sandbox, controls)
     except LookupError as e:
-        raise MagicError(f"%rewind: {e}") from e
+        raise MagicError(f"%{magic.name}: {e}") from e
     except SandforkError as e:
-        raise MagicError(f"%rewind failed: {e}") from e
-    count = target.metadata.get("execution_count") or "?"
+        raise MagicError(f"%{magic.name} failed: {e}") from e
+    count = target.metadata.get("execution_count") or "none"
     return Outcome(
-        f"rewound {cells} cell(s): the kernel as it was after execution {count} "
+        f"rewound {what}: the kernel as it was after execution {count} "
         f"({target.id}), now in {restored.id}",
         restored,
     )
+
+
+def _hibernate_magic(magic: Magic, idle: IdleTimer) -> Outcome:
+    """``%hibernate [after SECONDS|off]``: when the idle kernel's sandbox hibernates."""
+    words = magic.argument.split()
+    if words == ["off"]:
+        idle.after = 0
+    elif len(words) == 2 and words[0] == "after":
+        try:
+            seconds = float(words[1])
+        except ValueError:
+            seconds = -1
+        if not 1 <= seconds <= 86400 * 7:
+            raise MagicError("usage: %hibernate after SECONDS (1 to 604800)")
+        idle.after = seconds
+    elif words:
+        raise MagicError("usage: %hibernate [after SECONDS|off]")
+    return Outcome(idle.describe())
 
 
 def _snapshot_id(argument: str, sandbox: Sandbox) -> str:

@@ -7,8 +7,9 @@ the guest's messages keep their ids and parents, so replies route to the client 
 The relay is synchronous wherever it can be: the sockets are drained by event-loop reader
 callbacks and a message goes on to the WebSocket in the same callback (its JSON parts spliced in
 as they are), and the guest's frames go out on ZMQ in tornado's read callback. Only requests
-the proxy handles itself (magics, interrupt, shutdown) run as tasks, and their channel waits
-for them, so that messages keep their order.
+the proxy handles itself (magics, interrupt, shutdown, a request that must wake a hibernated
+sandbox first) and checkpoints run as tasks, and their channel waits for them, so that
+messages keep their order.
 """
 
 from __future__ import annotations
@@ -17,30 +18,30 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
 
 import zmq
-from jupyter_client.session import DELIM
 
 from sandfork.proxy_kernel import magics
 from sandfork.proxy_kernel.checkpoints import CellCheckpoints
+from sandfork.proxy_kernel.hibernation import IdleTimer, watch
 from sandfork.proxy_kernel.lease import keep_leased, renew
-from sandfork.proxy_kernel.link import GuestMessage, SandboxLink
-from sandfork.proxy_kernel.session import RelaySession, Request
-from sandfork.proxy_kernel.state import Attachment
+from sandfork.proxy_kernel.link import GuestMessage, SandboxLink, keep_linked
+from sandfork.proxy_kernel.session import Request
+from sandfork.proxy_kernel.sockets import KernelSockets
+from sandfork.proxy_kernel.state import Attachment, save_state
 from sandfork.sdk import Sandbox, SandforkError
 
 log = logging.getLogger(__name__)
-
-_RECONNECT_FOR = 60.0  # seconds the kernel tries to get its channels back after a drop
 
 
 class KernelProxy:
     """Relays one Jupyter connection file's sockets to a sandbox's code context.
 
-    While it runs, it renews the lease (``lease_seconds``) of the sandbox it owns.
+    While it runs, it renews the lease (``lease_seconds``) of the sandbox it owns, and
+    hibernates the sandbox after ``hibernate_after`` idle seconds (0: never).
     """
 
     def __init__(
@@ -50,31 +51,17 @@ class KernelProxy:
         state: Path,
         lease_seconds: float,
         checkpoints: CellCheckpoints | None = None,
+        hibernate_after: float = 0,
     ) -> None:
         self.attachment = attachment
-        self.checkpoints = checkpoints or CellCheckpoints()
+        self.controls = magics.KernelControls(
+            lease_seconds, checkpoints or CellCheckpoints(), IdleTimer(hibernate_after)
+        )
+        self.checkpoints, self.idle = self.controls.checkpoints, self.controls.idle
         self.state = state
         self.lease_seconds = lease_seconds
-        self.session = RelaySession(
-            key=connection["key"].encode(),
-            signature_scheme=connection.get("signature_scheme", "hmac-sha256"),
-            username="sandfork",
-        )
-        self._zmq = zmq.Context()
-        self._sockets: dict[str, zmq.Socket[bytes]] = {}
-        kinds = {
-            "shell": zmq.ROUTER,
-            "control": zmq.ROUTER,
-            "stdin": zmq.ROUTER,
-            "iopub": zmq.PUB,
-            "hb": zmq.ROUTER,
-        }
-        base = f"{connection['transport']}://{connection['ip']}"
-        for name, kind in kinds.items():
-            sock = self._zmq.socket(kind)
-            sock.linger = 1000
-            sock.bind(f"{base}:{connection[name + '_port']}")
-            self._sockets[name] = sock
+        self.zmq = KernelSockets(connection, self._drain)
+        self._sockets = self.zmq.sockets
         self._routes: dict[str, list[bytes]] = {}  # request msg_id -> client identities
         self._held: dict[str, asyncio.Task[None]] = {}  # channel -> the request it waits for
         self._link = self._new_link()
@@ -82,6 +69,7 @@ class KernelProxy:
         self._closing = False  # a shutdown request is being served (or SIGTERM)
         self._restarting = False  # ... one with restart: the next process takes the sandbox
         self._ending: asyncio.Task[None] | None = None  # the end SIGTERM asked for
+        self._waking: asyncio.Task[None] | None = None  # the wake requests wait for
 
     def _new_link(self) -> SandboxLink:
         sandbox = self.attachment.sandbox
@@ -100,25 +88,27 @@ class KernelProxy:
                 await asyncio.to_thread(renew, sandbox, self.lease_seconds)
             except SandforkError as e:
                 log.warning("could not take the lease of sandbox %s: %s", sandbox.id, e)
-        self.attachment.save(self.state)
+        if self.checkpoints.enabled:  # configured, or a restarted kernel's: start the history
+            await self._checkpoint(self.checkpoints.turn_on, self.attachment.sandbox)
+        self._save()
         loop = asyncio.get_running_loop()
         for channel in ("shell", "control", "stdin", "hb"):
             loop.add_reader(self._sockets[channel].FD, self._drain, channel)
-        keep_linked = asyncio.create_task(self._keep_linked())
+        linked = keep_linked(lambda: self._link, lambda: self._closing, self._sandbox_gone)
+        keep_linked_task = asyncio.create_task(linked)
         leased = asyncio.create_task(keep_leased(self._leased_sandbox, self.lease_seconds))
+        sleeper = asyncio.create_task(watch(self.idle, self._busy, self._hibernate))
         try:
             await self._stop.wait()
         finally:
             for channel in ("shell", "control", "stdin", "hb"):
                 loop.remove_reader(self._sockets[channel].FD)
-            tasks = [keep_linked, leased, *self._held.values()]
+            tasks = [keep_linked_task, leased, sleeper, *self._held.values()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._link.close()
-            for sock in self._sockets.values():
-                sock.close()
-            self._zmq.term()
+            self.zmq.close()
 
     def stop(self) -> None:
         """End :meth:`run`."""
@@ -158,7 +148,7 @@ class KernelProxy:
         while cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
             frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
             try:
-                request = self.session.receive("control", frames)
+                request = self.zmq.session.receive("control", frames)
                 if request.header["msg_type"] == "shutdown_request":
                     return bool(request.content().get("restart"))
             except (ValueError, TypeError, KeyError):
@@ -177,12 +167,13 @@ class KernelProxy:
             if channel in self._held:  # the wake-up is taken all the same: no busy loop
                 return
             frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            if channel == "hb":  # echoed only while the sandbox's channels are up: its health
-                if self._link.connected:
+            if channel == "hb":  # echoed while the sandbox's channels are up (or it sleeps)
+                if self._link.connected or self.idle.asleep:
                     sock.send_multipart(frames)
                 continue
+            self.idle.touch()
             try:
-                request = self.session.receive(channel, frames)
+                request = self.zmq.session.receive(channel, frames)
             except (ValueError, TypeError, KeyError) as e:
                 log.warning("dropping a malformed or unsigned %s message: %s", channel, e)
                 continue
@@ -193,6 +184,8 @@ class KernelProxy:
     def _handle(self, request: Request) -> Coroutine[Any, Any, None] | None:
         """Forward a client's message, or return the work of one the proxy answers itself."""
         kind = request.header["msg_type"]
+        if self.idle.asleep and kind not in ("interrupt_request", "shutdown_request"):
+            return self._woken(request)
         if request.channel == "control" and kind == "interrupt_request":
             return self._interrupt(request)
         if request.channel == "control" and kind == "shutdown_request":
@@ -202,8 +195,8 @@ class KernelProxy:
             magic = magics.parse(content.get("code", ""))
             if magic is not None:
                 return self._run_magic(request, magic)
-            metadata = json.loads(request.parts[2])
-            self.checkpoints.started(request.header["msg_id"], content.get("code", ""), metadata)
+            if not content.get("silent"):
+                self._cell_started(request, content.get("code", ""))
         self._forward(request)
         return None
 
@@ -237,7 +230,7 @@ class KernelProxy:
         except SandforkError as e:
             content = {"status": "error", "ename": "InterruptFailed", "evalue": str(e)}
             content["traceback"] = []
-        self._reply(request, "interrupt_reply", content)
+        self.zmq.reply(request, "interrupt_reply", content)
 
     async def _shutdown(self, request: Request) -> None:
         """``restart``: a fresh guest kernel in the same sandbox, for the next process.
@@ -250,7 +243,7 @@ class KernelProxy:
         try:
             if restart:
                 await self._link.restart()
-                self.attachment.save(self.state)
+                self._save()
             else:
                 self.state.unlink(missing_ok=True)
                 if self.attachment.owned and not sandbox.persistent:
@@ -258,8 +251,8 @@ class KernelProxy:
                     await asyncio.to_thread(sandbox.kill)
         except SandforkError as e:
             log.warning("shutdown of sandbox %s: %s", sandbox.id, e)
-        self._reply(request, "shutdown_reply", {"status": "ok", "restart": restart})
-        self._publish("shutdown_reply", {"status": "ok", "restart": restart}, request.header)
+        self.zmq.reply(request, "shutdown_reply", {"status": "ok", "restart": restart})
+        self.zmq.publish("shutdown_reply", {"status": "ok", "restart": restart}, request.header)
         self.stop()
 
     # -- magics --------------------------------------------------------------------------
@@ -268,15 +261,17 @@ class KernelProxy:
         """Run a proxy magic, then have the guest run its stand-in in the request's place."""
         outcome: magics.Outcome | magics.MagicError
         try:
-            lease = self.lease_seconds  # a restored sandbox is the kernel's own: leased
-            sandbox, checkpoints = self.attachment.sandbox, self.checkpoints
-            outcome = await asyncio.to_thread(magics.run, magic, sandbox, lease, checkpoints)
+            sandbox = self.attachment.sandbox
+            outcome = await asyncio.to_thread(magics.run, magic, sandbox, self.controls)
         except magics.MagicError as e:
             outcome = e
         if isinstance(outcome, magics.Outcome) and outcome.sandbox is not None:
             await self._repoint(outcome.sandbox)
+        self._save()
         content = {**request.content(), "code": magics.stand_in(magic, outcome)}
-        request.parts[3] = self.session.pack(content)
+        if magic.rest.strip() and not content.get("silent"):  # the rest of the cell runs
+            self._cell_started(request, magic.rest)
+        request.parts[3] = self.zmq.session.pack(content)
         self._forward(request)
 
     async def _repoint(self, sandbox: Sandbox) -> None:
@@ -287,9 +282,9 @@ class KernelProxy:
         previous.close()
         try:
             await self._link.open()
-        except SandforkError as e:  # _keep_linked tries again
+        except SandforkError as e:  # keep_linked tries again
             log.warning("cannot reach sandbox %s yet: %s", sandbox.id, e)
-        self.attachment.save(self.state)
+        self._save()
         if old.owned and not old.sandbox.persistent:
             with contextlib.suppress(SandforkError):
                 await asyncio.to_thread(old.sandbox.kill)
@@ -297,9 +292,10 @@ class KernelProxy:
     # -- from the guest --------------------------------------------------------------------
 
     def _from_guest(self, message: GuestMessage) -> None:
+        self.idle.touch()
         msg_type = message.header.get("msg_type", "")
         if message.channel == "iopub":
-            self._relay("iopub", [f"kernel.sandfork.{msg_type}".encode()], message)
+            self.zmq.relay("iopub", [f"kernel.sandfork.{msg_type}".encode()], message)
             return
         parent = message.parent_header.get("msg_id", "")
         idents = self._routes.get(parent)
@@ -308,82 +304,93 @@ class KernelProxy:
             return
         if message.channel in ("shell", "control") and msg_type.endswith("_reply"):
             del self._routes[parent]
-        self._relay(message.channel, idents, message)
+        self.zmq.relay(message.channel, idents, message)
         if msg_type == "execute_reply":
             metadata = self.checkpoints.finished(parent, message.parts[3])
             if metadata is not None and "shell" not in self._held:
                 # The next request waits for the checkpoint: it holds this cell's state.
-                self._hold("shell", self._checkpoint(metadata))
+                self._hold("shell", self._cell_checkpoint(metadata))
 
-    async def _checkpoint(self, metadata: dict[str, str]) -> None:
+    def _cell_started(self, request: Request, code: str) -> None:
+        metadata = json.loads(request.parts[2])
+        self.checkpoints.started(request.header["msg_id"], code, metadata)
+
+    async def _cell_checkpoint(self, metadata: dict[str, str]) -> None:
+        """Take a cell's checkpoint; after a long pause, go on in a sandbox restored from it
+        (the same state) when the sandbox is the kernel's own."""
         sandbox = self.attachment.sandbox
         try:
-            await asyncio.to_thread(self.checkpoints.take, sandbox, metadata)
+            taken = await asyncio.to_thread(self.checkpoints.take, sandbox, metadata)
+            if self.attachment.leased and self.checkpoints.remaps(taken):
+                restored = await asyncio.to_thread(
+                    Sandbox.create,
+                    from_snapshot=taken.id,
+                    lease_seconds=self.lease_seconds,
+                    client=sandbox.client,
+                )
+                await self._repoint(restored)
         except SandforkError as e:
             log.warning("the checkpoint of sandbox %s failed: %s", sandbox.id, e)
 
-    def _relay(self, channel: str, idents: list[bytes], message: GuestMessage) -> None:
-        """Send the guest's message on, its JSON as it came, signed with the client's key."""
-        signature = self.session.sign(message.parts)
-        self._send(channel, [*idents, DELIM, signature, *message.parts, *message.buffers])
+    async def _checkpoint(self, work: Callable[..., Any], *args: Any) -> None:
+        try:
+            await asyncio.to_thread(work, *args)
+        except SandforkError as e:
+            log.warning("a checkpoint of sandbox %s failed: %s", self.attachment.sandbox.id, e)
 
-    def _emit(self, channel: str, msg: dict[str, Any], idents: list[bytes]) -> None:
-        self._send(channel, self.session.serialize(msg, idents))
-
-    def _send(self, channel: str, frames: list[bytes]) -> None:
-        self._sockets[channel].send_multipart(frames, copy=False)
-        if channel != "iopub":  # a send can swallow the wake-up of a message waiting to be read
-            asyncio.get_running_loop().call_soon(self._drain, channel)
-
-    def _reply(self, request: Request, msg_type: str, content: dict[str, Any]) -> None:
-        msg = self.session.msg(msg_type, content, parent=request.header)
-        self._emit(request.channel, msg, request.idents)
-
-    def _publish(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
-        msg = self.session.msg(msg_type, content, parent=parent)
-        self._emit("iopub", msg, [f"kernel.sandfork.{msg_type}".encode()])
+    def _save(self) -> None:
+        save_state(self.state, self.attachment, self.checkpoints.state())
 
     def _reply_unreachable(self, request: Request, reason: str) -> None:
-        """Answer a request the sandbox cannot get, so that no client waits for ever."""
         self._routes.pop(request.header["msg_id"], None)
-        kind = request.header["msg_type"]
-        if not kind.endswith("_request") or request.channel == "stdin":
-            return
         evalue = f"the sandbox {self.attachment.sandbox.id} cannot be reached: {reason}"
-        error = {"ename": "SandboxUnavailable", "evalue": evalue, "traceback": [evalue]}
-        self._publish("status", {"execution_state": "busy"}, request.header)
-        if kind == "execute_request":
-            self._publish("error", error, request.header)
-        self._publish("status", {"execution_state": "idle"}, request.header)
-        self._reply(request, kind[: -len("request")] + "reply", {"status": "error", **error})
+        self.zmq.unreachable(request, evalue)
 
-    # -- staying connected -----------------------------------------------------------------
+    # -- hibernation ---------------------------------------------------------------------
 
-    async def _keep_linked(self) -> None:
-        """Reopen dropped channels (an engine restart); say so when the sandbox is gone."""
-        while True:
-            link = self._link
-            await link.closed.wait()
-            if self._closing:
-                return
-            if link is not self._link:  # re-pointed by %restore
-                continue
-            log.warning("lost the channels of sandbox %s; reconnecting", link.sandbox_id)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + _RECONNECT_FOR
-            while link is self._link and not link.connected and loop.time() < deadline:
-                try:
-                    await link.open()
-                except SandforkError as e:
-                    # 404: deleted; 409: its VM died (an engine answers only once it has
-                    # adopted its running sandboxes): either way there is nothing to wait for
-                    if e.status in (404, 409):
-                        break
-                    log.debug("reconnect failed: %s", e)
-                    await asyncio.sleep(1.0)
-            if link is self._link and not link.connected:
-                reason = f"sandbox {link.sandbox_id} is gone; restart the kernel"
-                log.error(reason)
-                self._publish("stream", {"name": "stderr", "text": reason + "\n"}, {})
-                self._publish("status", {"execution_state": "dead"}, {})
-                return
+    def _busy(self) -> bool:
+        """True while a request waits for its reply or the proxy handles one itself."""
+        return bool(self._routes or self._held)
+
+    async def _hibernate(self) -> None:
+        """Hibernate the sandbox: its channels close, and the next request wakes it."""
+        sandbox = self.attachment.sandbox
+        self.idle.asleep = True
+        previous, self._link = self._link, self._new_link()  # opened again on waking
+        previous.close()
+        try:
+            await asyncio.to_thread(sandbox.hibernate)
+            log.info("sandbox %s hibernated after %g s idle", sandbox.id, self.idle.after)
+        except SandforkError as e:
+            log.warning("could not hibernate sandbox %s: %s", sandbox.id, e)
+            if self._waking is None:  # else a request is waking it already
+                with contextlib.suppress(SandforkError):
+                    await self._wake()
+
+    async def _wake(self) -> None:
+        await asyncio.to_thread(self.attachment.sandbox.wake)
+        await self._link.open()
+        self.idle.asleep = False
+        self.idle.touch()
+
+    async def _woken(self, request: Request) -> None:
+        """Wake the sandbox (once for all the requests that wait for it), then handle
+        ``request`` as if it had never slept."""
+        if self._waking is None:
+            self._waking = asyncio.create_task(self._wake())
+        waking = self._waking
+        try:
+            await asyncio.shield(waking)
+        except SandforkError as e:
+            self._reply_unreachable(request, f"it did not wake from hibernation: {e}")
+            return
+        finally:
+            if self._waking is waking and waking.done():
+                self._waking = None
+        work = self._handle(request)
+        if work is not None:
+            await work
+
+    def _sandbox_gone(self, reason: str) -> None:
+        self.zmq.publish("stream", {"name": "stderr", "text": reason + "\n"}, {})
+        self.zmq.publish("status", {"execution_state": "dead"}, {})

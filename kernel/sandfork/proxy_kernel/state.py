@@ -1,8 +1,9 @@
 """The sandbox a kernel process is attached to, kept next to its connection file.
 
-The kernel writes it once attached (and again when ``%restore`` moves it); the next process a
-restart starts on the same connection file reads it to attach to the same sandbox, and the
-Jupyter server extension reads it to find the sandbox behind a kernel.
+The kernel writes it once attached (and again when ``%restore`` moves it or a checkpoint is
+taken); the next process a restart starts on the same connection file reads it to attach to
+the same sandbox and go on with the same checkpoints, and the Jupyter server extension reads
+it to find the sandbox (and the checkpoint lineage) behind a kernel.
 """
 
 from __future__ import annotations
@@ -21,24 +22,6 @@ def state_file(connection_file: str) -> Path:
     return Path(connection_file + ".sandfork")
 
 
-def save_state(path: Path, sandbox_id: str, context: str, owned: bool) -> None:
-    """Record the attachment; written to a temporary name and renamed, so readers never see
-    half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"sandbox_id": sandbox_id, "context": context, "owned": owned}))
-    os.replace(tmp, path)
-
-
-def load_state(path: Path) -> dict[str, Any] | None:
-    """The recorded attachment (``sandbox_id``, ``context``, ``owned``), or None if none is."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    data: dict[str, Any] = json.loads(text)
-    return data
-
-
 @dataclass
 class Attachment:
     """The sandbox the kernel runs in, and whether the kernel created it (and may kill it)."""
@@ -47,11 +30,32 @@ class Attachment:
     context: str
     owned: bool
 
-    def save(self, path: Path) -> None:
-        """Remember the attachment for the process a restart starts next."""
-        save_state(path, self.sandbox.id, self.context, self.owned)
-
     @property
     def leased(self) -> bool:
         """True if the sandbox goes with the kernel: the kernel holds a lease on it."""
         return self.owned and not self.sandbox.persistent
+
+
+def save_state(path: Path, attachment: Attachment, checkpoints: dict[str, Any]) -> None:
+    """Record the attachment and the checkpoint settings; written to a temporary name and
+    renamed, so readers never see half a file."""
+    data = {
+        "sandbox_id": attachment.sandbox.id,
+        "context": attachment.context,
+        "owned": attachment.owned,
+        "checkpoints": checkpoints,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    """The recorded state (``sandbox_id``, ``context``, ``owned``, ``checkpoints``), or None if
+    none is."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    data: dict[str, Any] = json.loads(text)
+    return data

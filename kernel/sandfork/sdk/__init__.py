@@ -14,6 +14,7 @@ from sandfork.sdk.errors import (
     ServerError,
 )
 from sandfork.sdk.explore import Code, Command, ExploreResult, explore, promote
+from sandfork.sdk.inventory import Inventory, InventoryDiff, Variable, VariableChange, diff
 from sandfork.sdk.models import ExecResult, Execution, ExecutionError, Result
 from sandfork.sdk.sandbox import CodeContext, Filesystem, Sandbox
 from sandfork.sdk.snapshots import Snapshot
@@ -32,6 +33,8 @@ __all__ = [
     "ExecutionError",
     "ExploreResult",
     "Filesystem",
+    "Inventory",
+    "InventoryDiff",
     "LimitExceeded",
     "NotFoundError",
     "ReplayMismatch",
@@ -41,6 +44,9 @@ __all__ = [
     "SandforkError",
     "ServerError",
     "Snapshot",
+    "Variable",
+    "VariableChange",
+    "diff",
     "explore",
     "promote",
 ]

@@ -1,4 +1,4 @@
-"""``Snapshot``: list, inspect, rename and delete snapshots."""
+"""``Snapshot``: list, inspect, rename and delete snapshots; read and compare what is inside."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandfork.protocol import SnapshotInfo
+from sandfork.protocol import INVENTORY_ATTACHMENT, SnapshotInfo
 from sandfork.sdk.client import Client, default_client
+from sandfork.sdk.inventory import Inventory, InventoryDiff, diff
 
 
 @dataclass
@@ -41,6 +42,21 @@ class Snapshot(SnapshotInfo):
         """Give the snapshot a new name."""
         self.client.request("PATCH", f"/snapshots/{self.id}", json={"name": name})
         self.name = name
+
+    def inventory(self) -> Inventory:
+        """The variables of the sandbox's default kernel when the snapshot was taken (see
+        :mod:`sandfork.sdk.inventory`); unavailable, with the reason, when the kernel could
+        not tell or the snapshot predates inventories."""
+        if INVENTORY_ATTACHMENT not in self.attachments:
+            return Inventory.missing()
+        path = f"/snapshots/{self.id}/attachments/{INVENTORY_ATTACHMENT}"
+        return Inventory.from_api(self.client.request("GET", path))
+
+    def diff(self, other: Snapshot) -> InventoryDiff:
+        """What changed in the default kernel's variables from this snapshot to ``other``:
+        variables added, removed, changed (type, shape, length, size or fingerprint) and
+        unchanged."""
+        return diff(self.inventory(), other.inventory(), self.id, other.id)
 
     def export(self, path: str | Path) -> None:
         """Write the snapshot to one file that ``Snapshot.import_file`` takes elsewhere."""

@@ -1,0 +1,111 @@
+"""Server push for the lineage panel: the engine's change feed (``GET /v1/changes``, a long
+poll that answers when snapshots or sandboxes change, and only then), and the Jupyter server
+turning it, and its kernels attaching, into ``urn:sandfork:lineage:v1`` events on Jupyter
+Server's event bus, received here over its WebSocket as JupyterLab receives them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+import requests
+
+from conftest import EngineProcess
+from jupyter_server_fixtures import (  # noqa: F401 (fixtures, found by name)
+    attached,
+    jp_server_config,
+    kernels_shut_down_after_the_test,
+    start_session,
+)
+from sandfork.sdk import Sandbox
+
+LINEAGE = "urn:sandfork:lineage:v1"
+
+
+def _changes(engine: EngineProcess, after: str | None = None, wait: float = 25) -> str:
+    params: dict[str, Any] = {"wait": wait} | ({"after": after} if after else {})
+    answer = engine.client().request("GET", "/changes", params=params, timeout=wait + 10)
+    return str(answer["cursor"])
+
+
+@pytest.mark.vm
+def test_the_change_feed_answers_when_something_changes_and_only_then(
+    own_engine: EngineProcess,
+) -> None:
+    engine = own_engine
+    cursor = _changes(engine)
+    started = time.monotonic()
+    assert _changes(engine, cursor, wait=1) == cursor  # nothing changed: the wait ran out
+    assert time.monotonic() - started >= 0.9
+
+    answered: list[tuple[str, float]] = []
+    waiter = threading.Thread(
+        target=lambda: answered.append((_changes(engine, cursor, 50), time.monotonic()))
+    )
+    waiter.start()
+    time.sleep(0.5)
+    sandbox = Sandbox.create(client=engine.client())  # somebody else's change
+    created = time.monotonic()
+    waiter.join(60)
+    assert answered and answered[0][0] != cursor
+    assert answered[0][1] - created < 5  # pushed as it happened, not at the end of the wait
+    try:
+        cursor = _changes(engine)
+        sandbox.renew_lease(300)  # renewals change nothing drawn: the feed stays put
+        assert _changes(engine, cursor, wait=1) == cursor
+        sandbox.hibernate()  # a status change moves it
+        assert _changes(engine, cursor, wait=5) != cursor
+        cursor = _changes(engine)
+        snapshot_id = sandbox.snapshot("pushed")  # wakes it and makes a snapshot
+        assert _changes(engine, cursor, wait=5) != cursor
+        assert snapshot_id
+    finally:
+        sandbox.kill()
+
+
+def test_the_change_feed_checks_its_input(engine: EngineProcess) -> None:
+    url = f"{engine.url}/v1/changes"
+    assert requests.get(url, timeout=10).status_code == 401
+    key = {"Authorization": f"Bearer {engine.api_key}"}
+    for params, message in [({"wait": "61"}, "wait"), ({"wait": "soon"}, "wait")]:
+        answer = requests.get(url, params=params, headers=key, timeout=10)
+        assert answer.status_code == 400 and message in answer.json()["error"]
+    answer = requests.get(url, params={"after": "x" * 65}, headers=key, timeout=10)
+    assert answer.status_code == 400
+
+
+async def _next_lineage_event(ws: Any, seconds: float) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        assert left > 0, "no lineage event was pushed"
+        event = json.loads(await asyncio.wait_for(ws.read_message(), left))
+        if event["schema_id"] == LINEAGE:
+            return event  # type: ignore[no-any-return]
+
+
+@pytest.mark.vm
+async def test_the_server_pushes_lineage_events(
+    engine: EngineProcess, jp_serverapp: Any, jp_ws_fetch: Any, jp_fetch: Any
+) -> None:
+    await jp_serverapp.extension_manager.start_all_extensions()  # as the server does once up
+    ws = await jp_ws_fetch("api", "events", "subscribe")
+    try:
+        # A change made elsewhere (another process, through the SDK) reaches the browser.
+        sandbox = await asyncio.to_thread(Sandbox.create, client=engine.client())
+        try:
+            event = await _next_lineage_event(ws, 60)
+            assert event["reason"] == "engine"  # the bus sends {schema_id, **data}
+        finally:
+            await asyncio.to_thread(sandbox.kill)
+        # A kernel of this server attaching to its sandbox: the panel can place it now.
+        kernel_id = await start_session(jp_fetch, "pushed.ipynb", "sandfork")
+        while (await _next_lineage_event(ws, 180))["reason"] != "kernel":
+            pass
+        assert (await attached(jp_fetch, kernel_id))["sandbox"]["status"] == "running"
+    finally:
+        ws.close()
