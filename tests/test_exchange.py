@@ -61,7 +61,10 @@ def test_export_then_import_on_another_engine(
     assert imported.name == "portable"
     data = client.request("GET", f"/snapshots/{imported_id}")
     assert data["metadata"] == {"notebook_path": "a.ipynb"}
-    assert data["attachments"] == ["notebook.ipynb"]
+    # The variable inventory the engine took with the snapshot travels with it.
+    assert data["attachments"] == ["inventory.json", "notebook.ipynb"]
+    carried = imported.inventory().get("carried")
+    assert carried is not None and (carried.type, carried.length) == ("dict", 1)
     attachment = client.raw("GET", f"/snapshots/{imported_id}/attachments/notebook.ipynb")
     assert attachment.content == b'{"cells": []}'
     (memory,) = (own_engine.home / "layers").glob("*.mem")  # a full image, standing alone

@@ -324,6 +324,31 @@ def test_the_engine_accepts_only_an_inventory_of_the_exact_schema() -> None:
 # -- the SDK's diff -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"x" * (256 * 1024 + 1), "larger than 256 KiB"),
+        (b"\xff{", "not valid JSON"),
+        (b'{"status": "ok", "variables": 5}', "unknown fields"),
+        (b"[" * 100_000, "not valid JSON"),
+        (b'{"status": NaN}', "not valid JSON"),
+    ],
+)
+def test_an_imported_inventory_is_checked_like_a_guests(raw: bytes, why: str) -> None:
+    """An archive is untrusted: what it carries as inventory.json is stored only if valid."""
+    stored = json.loads(engine_inventory.sanitized(raw))
+    assert stored["status"] == "unavailable" and stored["variables"] == []
+    assert (
+        stored["reason"].startswith("the imported inventory was refused")
+        and why in stored["reason"]
+    )
+
+
+def test_a_valid_imported_inventory_is_kept() -> None:
+    doc = listed({"n": 1, "text": "hello"})
+    assert json.loads(engine_inventory.sanitized(json.dumps(doc).encode())) == doc
+
+
 def variable(name: str, **fields: Any) -> Variable:
     return Variable(name=name, **{"type": "int", **fields})
 

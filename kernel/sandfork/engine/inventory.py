@@ -126,6 +126,21 @@ def parse(user_expressions: Any) -> dict[str, Any]:
         raise ValueError(f"the inventory does not match its schema: {e}") from None
 
 
+def sanitized(raw: bytes) -> bytes:
+    """An imported snapshot's ``inventory.json`` as the engine stores it: the same if it is a
+    valid inventory, else an unavailable one saying why (an archive is untrusted input)."""
+    try:
+        if len(raw) > MAX_BYTES:
+            raise ValueError(f"it is larger than {MAX_BYTES // 1024} KiB")
+        try:
+            doc = json.loads(raw.decode(), parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            raise ValueError("it is not valid JSON") from None
+        return json.dumps(check(doc)).encode()
+    except ValueError as e:
+        return json.dumps(unavailable(f"the imported inventory was refused: {e}")).encode()
+
+
 def check(doc: Any) -> dict[str, Any]:
     """``doc`` if it is an inventory of the exact schema, within bounds and sorted by name;
     else a :class:`ValueError` naming the first problem."""

@@ -351,6 +351,9 @@ class SnapshotService:
                 (staging / ATTACHMENTS).mkdir()
             for name in manifest.fields["attachments"]:
                 (staging / (exchange.ATTACHMENT_PREFIX + name)).rename(staging / ATTACHMENTS / name)
+            imported = staging / ATTACHMENTS / INVENTORY_ATTACHMENT
+            if imported.exists():
+                imported.write_bytes(inventory.sanitized(imported.read_bytes()))
             (staging / "memory.img").rename(memory)
             os.truncate(memory, manifest.memory_mb * 2**20)  # VMs map it whole
             vm = self.backend.spec(built, manifest.memory_mb, manifest.cpus)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandfork.protocol import INVENTORY_ATTACHMENT as INVENTORY
 from sandfork.protocol import SnapshotInfo
 from sandfork.sdk.inventory import Inventory, diff
 
 NOTEBOOK = "notebook.ipynb"  # the attachment holding the notebook document of a snapshot
-INVENTORY = "inventory.json"  # the attachment the engine stores the variable inventory in
 
 
 def listing(
