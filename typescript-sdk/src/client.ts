@@ -2,8 +2,10 @@
 
 import { NotFoundError } from "./errors.js";
 import { type ConnectionOptions, Http } from "./http.js";
-import type { ExecResult, Execution } from "./models.js";
+import type { Inventory, InventoryDiff } from "./inventory.js";
+import type { ExecResult, Execution, SnapshotInfo } from "./models.js";
 import { type CheckpointInfo, type ExecOptions, Sandbox } from "./sandbox.js";
+import { inventoryDiff, snapshotInventory } from "./snapshots.js";
 
 /** Resources of a sandbox: `cpu` ("1", 2) and `memory` ("512Mi", "1Gi", or megabytes). */
 export interface Resources {
@@ -187,5 +189,18 @@ export class Client {
     }
     const sandbox = await Sandbox.resume(sandboxId, { client: this.http, name: options.name });
     return new SandboxHandle(sandbox, name);
+  }
+
+  /**
+   * The variable inventory of a snapshot (an id, e.g. a checkpoint's `snapshotId`, or a
+   * `SnapshotInfo`): see `snapshotInventory`.
+   */
+  snapshotInventory(snapshot: string | SnapshotInfo): Promise<Inventory> {
+    return snapshotInventory(snapshot, { client: this.http });
+  }
+
+  /** What changed in the variables from snapshot `from` to snapshot `to`: see `inventoryDiff`. */
+  inventoryDiff(from: string | SnapshotInfo, to: string | SnapshotInfo): Promise<InventoryDiff> {
+    return inventoryDiff(from, to, { client: this.http });
   }
 }

@@ -33,6 +33,15 @@ export type {
 } from "./explore.js";
 export { Http, defaultHttp } from "./http.js";
 export type { ConnectionOptions } from "./http.js";
+export {
+  INVENTORY_ATTACHMENT,
+  diffInventories,
+  inventoryFromApi,
+  missingInventory,
+  sameVariable,
+  unavailableInventory,
+} from "./inventory.js";
+export type { Inventory, InventoryDiff, Variable, VariableChange } from "./inventory.js";
 export { Execution } from "./models.js";
 export type { ExecResult, ExecutionError, FileEntry, Result, SnapshotInfo } from "./models.js";
 export { ReplayCache } from "./replay.js";
@@ -47,5 +56,6 @@ export type {
   ForkOptions,
   PromoteResult,
 } from "./sandbox.js";
+export { inventoryDiff, snapshotInventory } from "./snapshots.js";
 export { SandboxBuilder, Workflow, WorkflowFailed, workflow } from "./workflow.js";
 export type { SandboxRun, StepResult, WorkflowResult } from "./workflow.js";

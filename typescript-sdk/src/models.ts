@@ -127,6 +127,8 @@ export interface SnapshotInfo {
   parentId: string | null;
   contexts: string[];
   metadata: Record<string, string>;
+  /** Names of the files stored with the snapshot (`inventory.json`: its variable inventory). */
+  attachments: string[];
 }
 
 /** A `SnapshotInfo` from the engine's JSON. */
@@ -141,6 +143,7 @@ export function snapshotInfo(data: Record<string, any>): SnapshotInfo {
     parentId: data.parent_id ?? null,
     contexts: [...(data.contexts ?? [])],
     metadata: { ...(data.metadata ?? {}) },
+    attachments: [...(data.attachments ?? [])],
   };
 }
 

@@ -333,7 +333,8 @@ export class Sandbox {
   }
 }
 
-function httpOf(options: ClientOption): Http {
+/** The `Http` session of `options`: the one given, a new one, or the shared default. */
+export function httpOf(options: ClientOption): Http {
   if (options.client) return options.client;
   return options.connection ? new Http(options.connection) : defaultHttp();
 }
