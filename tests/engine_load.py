@@ -42,8 +42,16 @@ class LoadReport:
 
     @property
     def rss_growth_mb(self) -> float:
-        """Growth of the engine's memory from a quarter into the run (warmed up) to its end."""
-        return self.rss_mb[-1] - self.rss_mb[len(self.rss_mb) // 4] if self.rss_mb else 0.0
+        """Growth of the engine's memory over the run once warmed up: the median of the last
+        third of the samples (taken every 5 s, the last after every client stopped) against
+        that of the middle third. Medians, not single samples: a capture holds a buffer of
+        its pages while it compares them, and the allocator gives it back when it likes, so
+        one sample swings by tens of MiB either way; a leak moves the whole last third."""
+        third = len(self.rss_mb) // 3
+        if third == 0:
+            return 0.0
+        middle = statistics.median(self.rss_mb[third : 2 * third])
+        return statistics.median(self.rss_mb[2 * third :]) - middle
 
     def summary(self) -> str:
         """One paragraph for a person."""
