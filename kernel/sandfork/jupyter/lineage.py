@@ -8,6 +8,7 @@ from typing import Any
 
 from sandfork.protocol import INVENTORY_ATTACHMENT as INVENTORY
 from sandfork.protocol import SnapshotInfo
+from sandfork.proxy_kernel.checkpoints import CELL_ID, KIND, LINEAGE, PREVIOUS
 from sandfork.sdk.inventory import Inventory, diff
 
 NOTEBOOK = "notebook.ipynb"  # the attachment holding the notebook document of a snapshot
@@ -58,7 +59,7 @@ def snapshot_entry(data: dict[str, Any]) -> dict[str, Any]:
     """A snapshot as the front end shows it: the API's fields it needs, the notebook, and
     what a per-cell checkpoint says of its cell."""
     snap = SnapshotInfo.from_api(data)
-    checkpoint = snap.metadata.get("checkpoint") == "cell"
+    checkpoint = snap.metadata.get(KIND) == "cell"
     count = snap.metadata.get("execution_count", "")
     return {
         "id": snap.id,
@@ -73,10 +74,10 @@ def snapshot_entry(data: dict[str, Any]) -> dict[str, Any]:
         "kernel_id": snap.metadata.get("kernel_id"),
         "has_notebook": NOTEBOOK in snap.attachments,
         "kind": "checkpoint" if checkpoint else "snapshot",
-        "cell_id": snap.metadata.get("cell_id") or None,
+        "cell_id": snap.metadata.get(CELL_ID) or None,
         "execution_count": int(count) if count.isdigit() else None,
-        "lineage": snap.metadata.get("kernel_lineage"),
-        "previous": snap.metadata.get("previous_checkpoint") or None,
+        "lineage": snap.metadata.get(LINEAGE),
+        "previous": snap.metadata.get(PREVIOUS) or None,
         "has_inventory": INVENTORY in snap.attachments,
     }
 

@@ -115,14 +115,18 @@ class CellCheckpoints:
         self.kept = kept or self.kept
         if not (self.enabled and self.head):
             self.enabled = True
-            self.take(sandbox, self._metadata("", "", ""))
+            self._take_first(sandbox)
 
     def moved(self, sandbox: Sandbox, snapshot_id: str) -> None:
         """The kernel now runs in ``sandbox``, restored from ``snapshot_id``."""
         self.head = snapshot_id
         if self.enabled and snapshot_id not in {s.id for s in self.listed(sandbox)}:
             self.head = None  # not one of ours: its history starts here
-            self.take(sandbox, self._metadata("", "", ""))
+            self._take_first(sandbox)
+
+    def _take_first(self, sandbox: Sandbox) -> None:
+        """The checkpoint a history starts with: the state before any cell of it."""
+        self.take(sandbox, self._metadata("", "", ""))
 
     def listed(self, sandbox: Sandbox) -> list[Snapshot]:
         """This kernel's checkpoints, newest first."""

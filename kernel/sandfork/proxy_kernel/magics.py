@@ -81,15 +81,16 @@ def run(magic: Magic, sandbox: Sandbox, controls: KernelControls | None = None) 
             return Outcome("\n".join(child.id for child in children))
         if name == "restore":
             snapshot_id = _snapshot_id(argument, sandbox)
-            restored = _restored(snapshot_id, sandbox, controls)
+            restored = restore_for_kernel(snapshot_id, sandbox, controls)
             return Outcome(f"restored {snapshot_id} into {restored.id}", restored)
         return Outcome(describe(sandbox))
     except SandforkError as e:
         raise MagicError(f"%{name} failed: {e}") from e
 
 
-def _restored(snapshot_id: str, sandbox: Sandbox, controls: KernelControls) -> Sandbox:
-    """A new sandbox, the kernel's own, restored from ``snapshot_id``."""
+def restore_for_kernel(snapshot_id: str, sandbox: Sandbox, controls: KernelControls) -> Sandbox:
+    """A new sandbox, the kernel's own (leased), restored from ``snapshot_id``; the
+    checkpoints go on from there."""
     restored = Sandbox.create(
         from_snapshot=snapshot_id, lease_seconds=controls.lease_seconds, client=sandbox.client
     )
@@ -123,7 +124,7 @@ def _checkpoint_magic(magic: Magic, sandbox: Sandbox, controls: KernelControls) 
             what = f"{cells} cell(s)"
         else:
             raise MagicError("usage: %rewind [N] | %rewind --cell ID")
-        restored = _restored(target.id, sandbox, controls)
+        restored = restore_for_kernel(target.id, sandbox, controls)
     except LookupError as e:
         raise MagicError(f"%{magic.name}: {e}") from e
     except SandforkError as e:

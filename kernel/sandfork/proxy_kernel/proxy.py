@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, cast
 
@@ -89,7 +89,11 @@ class KernelProxy:
             except SandforkError as e:
                 log.warning("could not take the lease of sandbox %s: %s", sandbox.id, e)
         if self.checkpoints.enabled:  # configured, or a restarted kernel's: start the history
-            await self._checkpoint(self.checkpoints.turn_on, self.attachment.sandbox)
+            try:
+                await asyncio.to_thread(self.checkpoints.turn_on, self.attachment.sandbox)
+            except SandforkError as e:
+                attached = self.attachment.sandbox.id
+                log.warning("the first checkpoint of sandbox %s failed: %s", attached, e)
         self._save()
         loop = asyncio.get_running_loop()
         for channel in ("shell", "control", "stdin", "hb"):
@@ -322,21 +326,11 @@ class KernelProxy:
         try:
             taken = await asyncio.to_thread(self.checkpoints.take, sandbox, metadata)
             if self.attachment.leased and self.checkpoints.remaps(taken):
-                restored = await asyncio.to_thread(
-                    Sandbox.create,
-                    from_snapshot=taken.id,
-                    lease_seconds=self.lease_seconds,
-                    client=sandbox.client,
-                )
-                await self._repoint(restored)
+                restore = magics.restore_for_kernel
+                moved = await asyncio.to_thread(restore, taken.id, sandbox, self.controls)
+                await self._repoint(moved)
         except SandforkError as e:
             log.warning("the checkpoint of sandbox %s failed: %s", sandbox.id, e)
-
-    async def _checkpoint(self, work: Callable[..., Any], *args: Any) -> None:
-        try:
-            await asyncio.to_thread(work, *args)
-        except SandforkError as e:
-            log.warning("a checkpoint of sandbox %s failed: %s", self.attachment.sandbox.id, e)
 
     def _save(self) -> None:
         save_state(self.state, self.attachment, self.checkpoints.state())
