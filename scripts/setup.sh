@@ -53,3 +53,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] ||
   .venv/bin/pip install -q -e '.[test]'
   touch "$stamp"
 fi
+
+# The container backend runs CRIU >= 4.2 (Debian 12's 3.17 and 13's 4.1 fail on this kernel,
+# see docs/design-notes.md "Container backend"): installed from Debian unstable into a tree of
+# its own in the cache, then proved by a dump and restore. Root only: CRIU runs as root.
+if [ "$(id -u)" -eq 0 ]; then
+  .venv/bin/sandfork criu install
+fi

@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> None:
         "--port", default=DEFAULT_PORT, help="virtio-serial port device (default: %(default)s)"
     )
     where.add_argument(
+        "--stdio",
+        action="store_true",
+        help="talk to the host on stdin and stdout (a container sandbox's pipes)",
+    )
+    where.add_argument(
         "--listen-unix",
         metavar="PATH",
         help="listen on a Unix socket instead, one host connection at a time (host tests)",
@@ -29,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s sandfork-agent %(levelname)s %(message)s"
     )
-    asyncio.run(serve(args.port, args.listen_unix))
+    asyncio.run(serve(args.port, args.listen_unix, stdio=args.stdio))
 
 
 if __name__ == "__main__":

@@ -119,6 +119,9 @@ class KernelProcess:
             "ipykernel_launcher",
             "-f",
             self._connection_file,
+            # History in memory: a SQLite file open across a container restore turns
+            # read-only (its inode changed), and a VM's snapshot needs none either.
+            "--HistoryManager.hist_file=:memory:",
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             cwd=work_dir(),

@@ -25,7 +25,7 @@ from .protocol import (
     required,
     stream_event,
 )
-from .transport import Transport, UnixListener, VirtioPort
+from .transport import StdioPipes, Transport, UnixListener, VirtioPort
 
 log = logging.getLogger(__name__)
 
@@ -231,12 +231,14 @@ class Agent:
         return {}
 
 
-async def serve(port: str, listen_unix: str | None) -> None:
+async def serve(port: str, listen_unix: str | None, *, stdio: bool = False) -> None:
     """Run the agent until SIGTERM or SIGINT, then kill its kernels and commands."""
     system.protect_from_oom()
     loop = asyncio.get_running_loop()
 
     def make_transport(on_line: Callable[[bytes], None]) -> Transport:
+        if stdio:
+            return StdioPipes(on_line)
         if listen_unix is not None:
             return UnixListener(listen_unix, on_line)
         return VirtioPort(port, on_line)

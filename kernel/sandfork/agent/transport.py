@@ -1,4 +1,5 @@
-"""Byte links to the host: the guest's virtio-serial port, or a Unix socket for host tests.
+"""Byte links to the host: the guest's virtio-serial port, the container's stdio pipes, or a
+Unix socket for host tests.
 
 Both carry newline-delimited frames and share the same semantics: when the host goes away the
 partial input is discarded, queued output is dropped, and the agent waits for the host to come
@@ -35,6 +36,7 @@ class Transport:
         self._on_line = on_line
         self._loop = asyncio.get_running_loop()
         self._fd: int | None = None
+        self._out_fd: int | None = None  # where output goes: ``_fd`` itself unless a pipe pair
         self._inbuf = bytearray()
         self._outq: collections.deque[memoryview] = collections.deque()
         self._writing = False
@@ -55,16 +57,18 @@ class Transport:
         if not self._writing:
             self._flush()
 
-    def _attach(self, fd: int) -> None:
+    def _attach(self, fd: int, out_fd: int | None = None) -> None:
         self._fd = fd
+        self._out_fd = fd if out_fd is None else out_fd
         self._loop.add_reader(fd, self._on_readable)
 
     def _detach(self) -> None:
         """Forget the connected fd together with its partial input and pending output."""
         if self._fd is not None:
             self._loop.remove_reader(self._fd)
-            self._loop.remove_writer(self._fd)
-        self._fd = None
+        if self._out_fd is not None:
+            self._loop.remove_writer(self._out_fd)
+        self._fd = self._out_fd = None
         self._inbuf.clear()
         self._outq.clear()
         self._writing = False
@@ -98,7 +102,7 @@ class Transport:
                 self._on_line(bytes(line))
 
     def _flush(self) -> None:
-        fd = self._fd
+        fd = self._out_fd
         while self._outq and fd is not None:
             chunk = self._outq[0]
             try:
@@ -235,3 +239,18 @@ class UnixListener(Transport):
         self._drop_connection()
         if self._server is not None:
             self._loop.add_reader(self._server.fileno(), self._accept)
+
+
+class StdioPipes(Transport):
+    """The container sandbox's channel: stdin from the host, stdout to it (pipes its shim
+    holds, so the host "going away" is never seen here: the shim drops output meanwhile)."""
+
+    def start(self) -> None:
+        """Serve on fds 0 and 1."""
+        for fd in (0, 1):
+            os.set_blocking(fd, False)
+        self._attach(0, 1)
+
+    def _host_lost(self) -> None:
+        log.warning("the host's pipe closed: the sandbox's shim is gone")
+        self._detach()

@@ -1,4 +1,4 @@
-"""The ``sandfork`` command line: serve, lab, env, template, sandbox, snapshot, doctor.
+"""The ``sandfork`` command line: serve, lab, env, template, criu, sandbox, snapshot, doctor.
 
 Expected failures (the engine refuses, a template cannot be built, QEMU is missing, a
 permission is lacking, Ctrl-C) print ``sandfork: error: <message>`` and a ``hint:`` line and
@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sandfork.cli import host, resources
+from sandfork.cli import containers, host, resources
 from sandfork.cli.errors import describe, report
 
 __all__ = ["build_parser", "main"]
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     host.add_commands(sub, common)
+    containers.add_commands(sub, common)
     resources.add_commands(sub, common)
     return parser
 

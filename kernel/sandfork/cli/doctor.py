@@ -43,6 +43,28 @@ def _kvm_line(preference: str) -> str:
     return f"{_OK} accelerator: {accel.name} — {accel.reason}"
 
 
+def _backend_lines(accelerator: str) -> list[str]:
+    """Which backend sandboxes run on by default and why; whether containers can run here."""
+    from sandfork.backends.container.backend import unavailable
+    from sandfork.backends.vm.accel import detect_accelerator
+    from sandfork.engine.backends import pick
+
+    container = unavailable()
+    vm = None if shutil.which("qemu-system-x86_64") else "QEMU is not installed"
+    kvm = detect_accelerator(accelerator).name == "kvm"
+    lines = []
+    if container is None:
+        lines.append(f"{_OK} containers: CRIU works, cgroups, namespaces (native speed)")
+    else:
+        lines.append(f"{_WARN} containers: unavailable — {escape(container)}")
+    try:
+        name, why = pick("auto", kvm, {"vm": vm, "container": container})
+        lines.append(f"{_OK} backend: {name} by default (auto) — {escape(why)}")
+    except ValueError as e:
+        lines.append(f"{_BAD} backend: {escape(str(e))}")
+    return lines
+
+
 def doctor(args: argparse.Namespace) -> int:
     """Print a line per need of this host (✓ met, ✗ missing with its fix); exit 1 if any
     is missing."""
@@ -73,6 +95,9 @@ def doctor(args: argparse.Namespace) -> int:
             console.print(f"{_BAD} user namespaces: cannot make one: {escape(why)}")
             ok = False
     console.print(_kvm_line(args.accelerator), highlight=False, soft_wrap=True)
+    for line in _backend_lines(args.accelerator):
+        console.print(line, highlight=False, soft_wrap=True)
+        ok = ok and not line.startswith(_BAD)
     for spec in list_specs():
         built = BuiltTemplate.find(spec)
         status = f"built ({built.rootfs})" if built else "not built yet (built on first use)"

@@ -54,6 +54,7 @@ def describe(error: BaseException) -> Failure | None:
     """The failure to print for an expected error; ``None`` for a bug (a traceback)."""
     from traitlets import TraitError
 
+    from sandfork.backends.container.criu import CriuError
     from sandfork.engine.engine_app import EngineConfigError
     from sandfork.sdk.errors import SandforkError
     from sandfork.templates.errors import TemplateError
@@ -70,6 +71,8 @@ def describe(error: BaseException) -> Failure | None:
         if str(error).startswith("unknown template"):
             hint = "`sandfork template list` shows the templates"
         return Failure(str(error), hint)
+    if isinstance(error, CriuError):
+        return Failure(str(error), "`sandfork doctor` says what the container backend lacks")
     if isinstance(error, OSError):
         return Failure(str(error), _os_hint(error))
     return None

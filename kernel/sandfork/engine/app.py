@@ -15,8 +15,10 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from sandfork.backends.container.backend import ContainerBackend
 from sandfork.backends.vm.backend import VmBackend
 from sandfork.backends.vm.qemu import default_ram_dir
+from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
@@ -146,14 +148,16 @@ async def serve(config: EngineConfig) -> None:
     # path, named in the command line of the VMs it adopts. In the RAM folder: a short path.
     egress = EgressProxy(ram / "egress.sock", exempting(config.egress_allow))
     await egress.start()
-    backend = VmBackend(
+    vm = VmBackend(
         ram, config.accelerator, config.boot_timeout, egress.path, copy_memory=config.copy_memory
     )
+    container = ContainerBackend(ram, home, config.boot_timeout)
+    backends = Backends({"vm": vm, "container": container}, config.backend, config.allow_container)
     captures_dir = Path(config.boot_capture_dir or cache_dir() / "boot-captures")
-    captures = BootCaptures(captures_dir, backend) if config.boot_captures else None
+    captures = BootCaptures(captures_dir, backends.all()) if config.boot_captures else None
     services = EngineServices.build(
         db,
-        backend,
+        backends,
         home,
         captures,
         ram / "staging",
@@ -183,7 +187,13 @@ async def serve(config: EngineConfig) -> None:
     partial.write_text(json.dumps({"url": url, "pid": os.getpid()}))
     partial.rename(info)  # readers never see half of it
     log.info(
-        "sandfork engine on %s (accelerator: %s; %s)", url, backend.accel.name, backend.accel.reason
+        "sandfork engine on %s (backend %s: %s; VM accelerator: %s, %s; containers: %s)",
+        url,
+        backends.default,
+        backends.why,
+        vm.accel.name,
+        vm.accel.reason,
+        backends.reasons.get("container") or "available",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -27,6 +27,19 @@ class EngineConfig(LoggingConfigurable):
     accelerator = Enum(
         ["auto", "kvm", "tcg"], "auto", help="QEMU accelerator; auto detects working KVM."
     ).tag(config=True)
+    backend = Enum(
+        ["auto", "vm", "container"],
+        "auto",
+        help="What runs sandboxes by default: a QEMU VM, or a process tree in its own "
+        "namespaces captured by CRIU. auto: the VM where KVM works, else the container "
+        "(native speed; a VM under TCG runs code 17-154x slower), else the VM under TCG. A "
+        "template or a create request may name one too.",
+    ).tag(config=True)
+    allow_container = Bool(
+        True,
+        help="Allow container sandboxes. False refuses them everywhere, for deployments "
+        "that need the VM boundary between guests and the host.",
+    ).tag(config=True)
     default_template = Unicode(
         "code-interpreter", help="Template of sandboxes created without one."
     ).tag(config=True)

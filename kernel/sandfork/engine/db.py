@@ -121,6 +121,7 @@ class SandboxRecord:
             "boot_ms": self.boot_ms,
             "boot_mode": self.boot_mode,
             "backend": self.backend,
+            "isolation": self.backend,  # what separates it from the host: "vm" or "container"
             "accelerator": self.accelerator,
             "error": self.error,
             "disk": self.disk,
@@ -246,6 +247,11 @@ class SnapshotRecord(SnapshotInfo):
 
     def __post_init__(self) -> None:
         self.memory_mb, self.cpu = self.vm.get("memory_mb"), self.vm.get("cpus")
+
+    @property
+    def backend(self) -> str:
+        """The backend that took it (and restores it)."""
+        return str(self.vm.get("backend", "vm"))
 
 
 def _record(row: sqlite3.Row) -> SandboxRecord:

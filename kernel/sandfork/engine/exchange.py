@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandfork import archive
-from sandfork.backends.base import DiskImages
+from sandfork.backends.vm.images import Qcow2Images
 from sandfork.engine.db import SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest
 from sandfork.engine.manifest import (
@@ -55,7 +55,7 @@ MANIFEST = "manifest.json"
 
 
 def export_snapshot(
-    snap: SnapshotRecord, snap_dir: Path, memory: Path, out: Path, images: DiskImages
+    snap: SnapshotRecord, snap_dir: Path, memory: Path, out: Path, images: Qcow2Images
 ) -> None:
     """Write ``snap`` (its files in ``snap_dir``, its memory as the full image ``memory``)
     to ``out``, manifest first."""
@@ -152,9 +152,9 @@ def _extract(
 # --- layers --------------------------------------------------------------------------------
 
 
-def check_layers(staging: Path, count: int, rootfs: Path, images: DiskImages) -> None:
+def check_layers(staging: Path, count: int, rootfs: Path, images: Qcow2Images) -> None:
     """A 400 unless every staged layer passes the backend's check against the local root
-    image (see :meth:`sandfork.backends.base.DiskImages.check_layer`)."""
+    image (see :meth:`sandfork.backends.vm.images.Qcow2Images.check_layer`)."""
     disk_size = images.virtual_size(rootfs)
     for i in range(count):
         try:

@@ -163,7 +163,9 @@ def _snapshot_fields(
         raise _fail("snapshot.attachments must be a list of distinct file names")
     for i, name in enumerate(attachments):
         _checked(check_attachment_name, name, f"snapshot.attachments[{i}]")
-    vm = _object(snap["vm"], "snapshot.vm", _VM_FIELDS, set())
+    vm = _object(snap["vm"], "snapshot.vm", _VM_FIELDS, {"backend"})
+    if vm.get("backend", "vm") != "vm":
+        raise _fail("snapshot.vm.backend must be 'vm': only VM snapshots travel in files")
     if not isinstance(vm["cmdline"], str) or len(vm["cmdline"]) > 4096:
         raise _fail("snapshot.vm.cmdline must be a string")  # not used: ours is
     if vm["accelerator"] not in ("kvm", "tcg"):

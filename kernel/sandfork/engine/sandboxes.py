@@ -7,18 +7,17 @@ One job: the life of each sandbox's VM and of its record. What runs inside a san
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandfork.backends.base import Backend, Instance
+from sandfork.backends.base import Capture, Instance
 from sandfork.crashpoints import crash_point
-from sandfork.engine.boot_captures import BootCaptures, Capture
+from sandfork.engine.backends import Backends
+from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.code_runner import CodeRunner
 from sandfork.engine.db import Database, SandboxRecord
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
@@ -45,27 +44,20 @@ class Live:
     runner: CodeRunner
 
 
-async def _after_resume(instance: Instance) -> None:
-    """A resumed guest still has the clock and entropy of its capture: refresh both."""
-    await instance.agent.request("sys.set_time", {"epoch_ns": time.time_ns()})
-    entropy = base64.b64encode(os.urandom(64)).decode()
-    await instance.agent.request("sys.reseed", {"entropy": entropy})
-
-
 class SandboxService:
     """Owns every sandbox of one engine: its record, its VM and its lease."""
 
     def __init__(
         self,
         db: Database,
-        backend: Backend,
+        backends: Backends,
         home: Path,
         store: SnapshotStore,
         boot_captures: BootCaptures | None,
         limits: Limits,
     ) -> None:
         self.db = db
-        self.backend = backend
+        self.backends = backends
         self.store = store
         self.boot_captures = boot_captures
         self.limits = limits
@@ -97,7 +89,7 @@ class SandboxService:
                 self.db.delete(record.id)
             elif record.status == "running" and record.pid is not None:
                 await self._adopt(record, record.pid)
-        swept = await asyncio.to_thread(self.backend.sweep, self.sandboxes_dir, set(self._live))
+        swept = await asyncio.to_thread(self.backends.sweep, self.sandboxes_dir, set(self._live))
         for line in swept:
             log.warning("removed what an interrupted operation left: %s", line)
         hibernated = {r.id for r in self._records.values() if r.status == "hibernated"}
@@ -111,12 +103,13 @@ class SandboxService:
         self._watch_task = asyncio.create_task(self._watch())
 
     async def _adopt(self, record: SandboxRecord, pid: int) -> None:
+        backend = self.backends.of(record)
         try:
-            instance = await self.backend.adopt(Path(record.dir), Path(record.disk), pid)
+            instance = await backend.adopt(Path(record.dir), Path(record.disk), pid)
             chain = await instance.disk_chain()
         except Exception as e:
-            self.mark_dead(record, f"its VM was gone when the engine restarted ({e})")
-            await asyncio.to_thread(self.backend.release, Path(record.dir))
+            self.mark_dead(record, f"it was gone when the engine restarted ({e})")
+            await asyncio.to_thread(backend.release, Path(record.dir))
             return
         self.store.adopt_chain(chain)
         if record.disk != str(chain[0]):
@@ -140,7 +133,8 @@ class SandboxService:
             await asyncio.sleep(_WATCH_TICK)
             for live in list(self._live.values()):
                 if not live.instance.is_alive():
-                    self.mark_dead(live.record, live.instance.failure_reason() or "its VM exited")
+                    reason = live.instance.failure_reason() or "its processes exited"
+                    self.mark_dead(live.record, reason)
                     self._live.pop(live.record.id, None)
                     await live.instance.destroy()
             for sandbox_id in self.leases.expired():
@@ -176,17 +170,20 @@ class SandboxService:
         metadata: dict[str, str],
         persistent: bool,
         host_access: bool = False,
+        backend: str | None = None,
     ) -> SandboxRecord:
         """Create a sandbox from a template; returns once its agent answers.
 
-        The template's boot capture (booted once, default kernel idle) is restored
-        when it exists, so only the first sandbox of a template pays for a cold boot.
-        Its network reaches only the egress proxy unless ``host_access``.
+        ``backend`` (``vm``, ``container``; ``None``: the template's or the engine's choice)
+        runs it. The template's boot capture (booted once, default kernel idle) is restored
+        when it exists, so only the first sandbox of a template pays for a cold boot. Its
+        network reaches only the egress proxy unless ``host_access``.
         """
         built = await self.template(template)
+        chosen = self.backends.choose(backend or built.spec.backend, host_access=host_access)
         memory_mb = memory_mb or built.spec.memory_mb
         cpus = cpus or built.spec.cpus
-        spec = self.backend.spec(built, memory_mb, cpus)
+        spec = await asyncio.to_thread(chosen.spec, built, memory_mb, cpus)
         self.check_room(1, memory_mb)
         if self.boot_captures is not None:
             return await self.boot_captures.start(
@@ -201,8 +198,9 @@ class SandboxService:
                     host_access=host_access,
                 ),
             )
-        disk = self.store.new_layer(built.rootfs)
-        await asyncio.to_thread(self.backend.images.create_overlay, built.rootfs, disk)
+        base = await asyncio.to_thread(chosen.base_disk, built)
+        disk = self.store.new_layer(base, chosen.images.suffix)
+        await asyncio.to_thread(chosen.images.create_overlay, base, disk)
         return await self._start(
             built.name,
             Capture(None, spec, disk, []),
@@ -221,9 +219,9 @@ class SandboxService:
     ) -> SandboxRecord:
         """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
         with self.store.in_use(snapshot_id) as snap:
-            memory = self.store.memory_chain(snap.memory)
-            capture = Capture(self.store.path(snap.id), snap.vm, Path(snap.disk), memory)
-            self.check_room(1, snap.vm["memory_mb"])
+            capture = self.store.capture(snap)
+            self.backends.choose(capture.spec.backend, host_access=host_access)
+            self.check_room(1, capture.spec.memory_mb)
             record = await self._start(
                 snap.template,
                 capture,
@@ -249,21 +247,23 @@ class SandboxService:
         """Start a sandbox: boot ``capture.spec`` or resume ``capture``'s snapshot."""
         sandbox_id = new_sandbox_id()
         directory = self.sandboxes_dir / sandbox_id
-        disk = capture.disk if capture.dir is None else self.store.new_layer(capture.disk)
+        suffix = self.backends[capture.spec.backend].images.suffix
+        disk = capture.disk if capture.dir is None else self.store.new_layer(capture.disk, suffix)
+        spec = capture.spec
         record = SandboxRecord(
             id=sandbox_id,
             template=template,
             status="starting",
-            cpus=capture.spec["cpus"],
-            memory_mb=capture.spec["memory_mb"],
+            cpus=spec.cpus,
+            memory_mb=spec.memory_mb,
             created_at=now(),
-            backend=self.backend.name,
-            accelerator=capture.spec["accelerator"],
+            backend=spec.backend,
+            accelerator=spec.accelerator,
             dir=str(directory),
             metadata=metadata,
             persistent=persistent,
             disk=str(disk),
-            vm=capture.spec,
+            vm=spec.to_dict(),
             boot_mode=boot_mode,
             host_access=host_access,
             memory=str(capture.memory[0]) if capture.memory else "",
@@ -279,8 +279,10 @@ class SandboxService:
         return record
 
     async def run_vm(self, record: SandboxRecord, capture: Capture) -> None:
-        """Boot or resume ``capture`` as the VM of ``record`` (on its disk); it runs after."""
+        """Boot or resume ``capture`` as the sandbox of ``record`` (on its disk); it runs
+        after."""
         directory, disk = Path(record.dir), Path(record.disk)
+        backend = self.backends.of(record)
         started = time.monotonic()
 
         def spawned(pid: int) -> None:
@@ -290,23 +292,17 @@ class SandboxService:
 
         try:
             if capture.dir is None:
-                instance = await self.backend.create(
+                instance = await backend.create(
                     capture.spec, directory, disk, spawned, host_access=record.host_access
                 )
             else:
-                await asyncio.to_thread(self.backend.images.create_overlay, capture.disk, disk)
-                instance = await self.backend.restore(
-                    capture.spec,
-                    capture.dir,
-                    capture.memory,
-                    directory,
-                    disk,
-                    spawned,
-                    host_access=record.host_access,
+                await asyncio.to_thread(backend.images.create_overlay, capture.disk, disk)
+                instance = await backend.restore(
+                    capture, directory, disk, spawned, host_access=record.host_access
                 )
-                await _after_resume(instance)
+                await instance.resumed()
         except Exception:
-            await asyncio.to_thread(self.backend.release, directory)
+            await asyncio.to_thread(backend.release, directory)
             raise
         record.status = "running"
         record.pid = instance.pid
@@ -392,7 +388,7 @@ class SandboxService:
             if live is not None:
                 await live.instance.destroy()
             else:
-                await asyncio.to_thread(self.backend.release, Path(record.dir))
+                await asyncio.to_thread(self.backends.of(record).release, Path(record.dir))
             crash_point("kill.destroyed")
             self._forget(sandbox_id)
             self.store.drop_hibernations(keep=set(), sandboxes=self.all(), of=sandbox_id)

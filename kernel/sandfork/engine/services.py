@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandfork.backends.base import Backend
+from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
@@ -41,7 +41,7 @@ class Bounds:
 
 @dataclass(frozen=True)
 class EngineServices:
-    """The three services of one engine over one database, backend and state folder."""
+    """The three services of one engine over one database, its backends and state folder."""
 
     sandboxes: SandboxService
     execution: ExecutionService
@@ -51,7 +51,7 @@ class EngineServices:
     def build(
         cls,
         db: Database,
-        backend: Backend,
+        backends: Backends,
         home: Path,
         boot_captures: BootCaptures | None,
         scratch: Path,
@@ -62,7 +62,7 @@ class EngineServices:
         folder's ``scratch``)."""
         store = SnapshotStore(db, home, scratch)
         ledger = Ledger(db)
-        sandboxes = SandboxService(db, backend, home, store, boot_captures, limits)
+        sandboxes = SandboxService(db, backends, home, store, boot_captures, limits)
         execution = ExecutionService(
             sandboxes,
             ledger,
@@ -72,7 +72,7 @@ class EngineServices:
             max_file_bytes=bounds.max_file_bytes,
         )
         snapshots = SnapshotService(
-            sandboxes, execution, store, ledger, backend, limits, home, bounds.inventory_timeout
+            sandboxes, execution, store, ledger, backends, limits, home, bounds.inventory_timeout
         )
         return cls(sandboxes, execution, snapshots)
 

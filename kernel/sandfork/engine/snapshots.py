@@ -1,13 +1,15 @@
 """Snapshot records, their directories and the disk and memory layers they share.
 
-A snapshot is a directory ``snapshots/<id>/`` holding ``devices.state`` (the VM's device
-state) and its attachments, plus two layers in ``layers/``: a frozen qcow2 disk layer
-(``.qcow2``) and a memory layer (``.mem``). Layers form chains: a disk layer is an overlay of
-the one below, down to a template's root image; a memory layer is a delta over the one below
-or a full image that stands alone (a boot capture's image ends a chain too). A layer is kept
-while a snapshot or a running sandbox has it in a chain, and collected once nothing does.
-Directories are written under a temporary name and renamed into place before the database
-row is added, so a crash never lists a snapshot that cannot be restored.
+A snapshot is a directory ``snapshots/<id>/`` holding its backend's state (a VM's device
+state, a container's CRIU image) and its attachments, plus layers in ``layers/``: a frozen
+disk layer (a qcow2 file, or a container's layer directory) and, for a VM, a memory layer
+(``.mem``). Which files a backend makes is its own business; this store only knows what lies
+over what. Layers form chains: a disk layer is an overlay of the one below, down to a
+template's image; a memory layer is a delta over the one below or a full image that stands
+alone (a boot capture's image ends a chain too). A layer is kept while a snapshot or a
+running sandbox has it in a chain, and collected once nothing does. Directories are written
+under a temporary name and renamed into place before the database row is added, so a crash
+never lists a snapshot that cannot be restored.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import secrets
 import shutil
 from collections import Counter
@@ -23,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandfork import protocol
+from sandfork.backends.base import Capture, MachineSpec
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, Conflict, NotFound
 from sandfork.protocol import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
@@ -33,8 +37,6 @@ log = logging.getLogger(__name__)
 
 ATTACHMENTS = "attachments"  # the folder of a snapshot's attached files
 HIBERNATION = "hibernation_of"  # metadata of a hibernated sandbox's capture: the sandbox
-DISK_LAYER = ".qcow2"
-MEMORY_LAYER = ".mem"
 
 
 def check_name(name: str) -> str:
@@ -65,11 +67,17 @@ def write_attachments(staging: Path, attachments: dict[str, bytes]) -> list[str]
 
 
 def stored_bytes(path: Path | None) -> int:
-    """Bytes a file (or a folder's files) take on disk: holes are free."""
+    """Bytes a file (or a folder's files, all the way down) take on disk: holes are free."""
     if path is None or not path.exists():
         return 0
-    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
-    return sum(p.stat().st_blocks * 512 for p in files)
+    if not path.is_dir():
+        return path.stat().st_blocks * 512
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
 
 
 def _delete(path: Path) -> None:
@@ -103,7 +111,7 @@ class SnapshotStore:
             db.delete_snapshot(snap.id)
             del self._records[snap.id]
 
-    def new_layer(self, backing: Path | None, suffix: str = DISK_LAYER) -> Path:
+    def new_layer(self, backing: Path | None, suffix: str) -> Path:
         """Register a new layer over ``backing`` (``None``: it stands alone); the caller
         creates the file.
 
@@ -129,6 +137,11 @@ class SnapshotStore:
         while layers.get(str(chain[-1])):
             chain.append(Path(layers[str(chain[-1])]))
         return chain
+
+    def capture(self, snap: SnapshotRecord) -> Capture:
+        """What a sandbox restored from ``snap`` starts from."""
+        spec = MachineSpec.from_dict(snap.vm)
+        return Capture(self.path(snap.id), spec, Path(snap.disk), self.memory_chain(snap.memory))
 
     def settle(self, *layers: Path) -> None:
         """End the ownership :meth:`new_layer` started; unreferenced layers can now go."""
@@ -159,19 +172,21 @@ class SnapshotStore:
         self._pending.discard(snapshot_id)
 
     def publish(self, record: SnapshotRecord, staging: Path) -> None:
-        """Move a complete snapshot into place (a rename) and list it."""
+        """Move a complete snapshot into place (a rename, beside its staging folder: on disk
+        or in scratch memory) and list it."""
         try:
-            staging.rename(self.path(record.id, hidden=record.hidden))
+            staging.rename(staging.with_name(record.id))
             self.db.put_snapshot(record)
             self._records[record.id] = record
         finally:
             self._pending.discard(staging.name.removeprefix(".tmp-"))
 
     def path(self, snapshot_id: str, hidden: bool | None = None) -> Path:
-        """The directory of a snapshot."""
+        """The directory of a snapshot (a fork's capture may be in scratch memory)."""
         if hidden is None:
             hidden = self.get(snapshot_id).hidden
-        return (self.scratch if hidden else self.dir) / snapshot_id
+        in_memory = self.scratch / snapshot_id
+        return in_memory if hidden and in_memory.exists() else self.dir / snapshot_id
 
     def attachment(self, snapshot_id: str, name: str) -> Path:
         """The file ``name`` stored with a snapshot, or 404."""

@@ -16,10 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sandfork.backends.base import Backend
+from sandfork.backends.base import CaptureRequest
+from sandfork.backends.vm.backend import VmBackend
 from sandfork.crashpoints import crash_point
 from sandfork.engine import exchange, inventory
-from sandfork.engine.boot_captures import Capture
+from sandfork.engine.backends import Backends
 from sandfork.engine.db import SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
 from sandfork.engine.execution import ExecutionService
@@ -29,7 +30,6 @@ from sandfork.engine.sandboxes import FORK_PARENT, HIBERNATED, SandboxService
 from sandfork.engine.snapshots import (
     ATTACHMENTS,
     HIBERNATION,
-    MEMORY_LAYER,
     SnapshotStore,
     new_snapshot_id,
     stored_bytes,
@@ -49,7 +49,7 @@ class SnapshotService:
         execution: ExecutionService,
         store: SnapshotStore,
         ledger: Ledger,
-        backend: Backend,
+        backends: Backends,
         limits: Limits,
         home: Path,
         inventory_timeout: float,
@@ -58,7 +58,7 @@ class SnapshotService:
         self.execution = execution
         self.store = store
         self.ledger = ledger
-        self.backend = backend
+        self.backends = backends
         self.limits = limits
         self.inventory_timeout = inventory_timeout
         sandboxes.waker = self.wake
@@ -132,9 +132,9 @@ class SnapshotService:
             if snap is None:
                 self.sandboxes.mark_dead(record, "its hibernation capture is missing")
                 raise Conflict(f"sandbox {sandbox_id} cannot wake: its capture is missing")
-            memory = self.store.memory_chain(snap.memory)
-            capture = Capture(self.store.path(snap.id), snap.vm, Path(snap.disk), memory)
-            disk = self.store.new_layer(capture.disk)  # writes after the capture are dropped
+            capture = self.store.capture(snap)
+            suffix = self.backends[capture.spec.backend].images.suffix
+            disk = self.store.new_layer(capture.disk, suffix)  # later writes are dropped
             record.status, record.disk = "waking", str(disk)
             self.sandboxes.save(record)
             self.store.settle(disk)
@@ -163,28 +163,38 @@ class SnapshotService:
             found = await inventory.take(live, contexts.get("contexts", []), self.inventory_timeout)
             attachments = {**(attachments or {}), INVENTORY_ATTACHMENT: found}
         snapshot_id = new_snapshot_id()
-        # A fork's capture is thrown away once the children run: keep it off the disk.
-        staging = self.store.staging(snapshot_id, in_memory=hidden)
+        backend = self.backends.of(record)
+        # A fork's capture is thrown away once the children run: keep it off the disk if
+        # the backend can restore from memory.
+        staging = self.store.staging(snapshot_id, in_memory=hidden and backend.captures_in_memory)
         try:
             stored = write_attachments(staging, attachments or {})
         except ApiError:
             self.store.abandon(snapshot_id, staging)
             raise
-        frozen = Path(record.disk)
-        new_disk = self.store.new_layer(frozen)
-        memory = self.store.memory_chain(record.memory)
-        new_memory = self.store.new_layer(memory[0] if memory else None, MEMORY_LAYER)
+        made: list[Path] = []
+
+        def new_layer(backing: Path | None, suffix: str) -> Path:
+            made.append(self.store.new_layer(backing, suffix))
+            return made[-1]
+
+        request = CaptureRequest(
+            Path(record.disk), self.store.memory_chain(record.memory), new_layer
+        )
         try:
-            captured = await live.instance.snapshot(staging, new_disk, new_memory, memory)
+            captured = await live.instance.snapshot(staging, request)
         except Exception as e:
             self.store.abandon(snapshot_id, staging)
-            self.store.settle(new_disk, new_memory)
+            self.store.settle(*made)
             raise ApiError(f"the snapshot failed: {e}", 500) from e
-        self.store.set_backing(new_memory, captured.memory_backing)
+        if captured.memory is not None:
+            self.store.set_backing(captured.memory, captured.memory_backing)
         crash_point("snapshot.frozen")
-        record.disk, record.memory = str(new_disk), str(new_memory)
+        record.disk = str(captured.sandbox_disk)
+        if captured.sandbox_memory is not None:
+            record.memory = str(captured.sandbox_memory)
         self.sandboxes.save(record)
-        self.store.settle(new_disk, new_memory)
+        self.store.settle(*made)
         snap = SnapshotRecord(
             id=snapshot_id,
             name=name,
@@ -192,10 +202,10 @@ class SnapshotService:
             sandbox_id=sandbox_id,
             template=record.template,
             parent_id=record.from_snapshot,
-            disk=str(frozen),
-            memory=str(new_memory),
+            disk=str(captured.disk),
+            memory=str(captured.memory or ""),
             vm=record.vm,
-            size_bytes=sum(map(stored_bytes, (staging, frozen, new_memory))),
+            size_bytes=sum(map(stored_bytes, (staging, captured.disk, captured.memory))),
             paused_ms=int(captured.paused * 1000),
             contexts=[c["id"] for c in contexts.get("contexts", [])],
             hidden=hidden,
@@ -295,20 +305,19 @@ class SnapshotService:
     async def export_snapshot(self, snapshot_id: str, out: Path) -> None:
         """Write a snapshot to one portable file (see :mod:`sandfork.engine.exchange`)."""
         snap = self.store.get(snapshot_id)
+        backend = self._exchanging(snap.vm.get("backend", "vm"))
         chain = self.store.memory_chain(snap.memory)
         flat = Path(tempfile.mkdtemp(prefix="export-", dir=self.tmp_dir)) / "memory.img"
         try:
             if len(chain) > 1:  # the file is self-contained: one full image
-                await asyncio.to_thread(
-                    self.backend.flatten_memory, chain, flat, snap.vm["memory_mb"]
-                )
+                await asyncio.to_thread(backend.flatten_memory, chain, flat, snap.vm["memory_mb"])
             await asyncio.to_thread(
                 exchange.export_snapshot,
                 snap,
                 self.store.path(snap.id),
                 flat if len(chain) > 1 else chain[0],
                 out,
-                self.backend.images,
+                backend.images,
             )
         finally:
             shutil.rmtree(flat.parent, ignore_errors=True)
@@ -317,8 +326,9 @@ class SnapshotService:
         """Add the snapshot in an exported file under a new id; its template is built here if
         needed. Nothing in the file is trusted (see :mod:`sandfork.engine.exchange`)."""
         snapshot_id = new_snapshot_id()
+        backend = self._exchanging("vm")
         staging = Path(tempfile.mkdtemp(prefix="import-", dir=self.tmp_dir))
-        memory = self.store.new_layer(None, MEMORY_LAYER)
+        memory = self.store.new_layer(None, ".mem")
         layers: list[Path] = [memory]
         try:
             stored = sum(s.size_bytes for s in self.store.visible())
@@ -338,14 +348,14 @@ class SnapshotService:
                     f"here it is boot {built.boot_key}, image {built.rootfs.parent.name}"
                 )
             await asyncio.to_thread(
-                exchange.check_layers, staging, manifest.layers, built.rootfs, self.backend.images
+                exchange.check_layers, staging, manifest.layers, built.rootfs, backend.images
             )
             backing = built.rootfs
             for i in range(manifest.layers):
-                layer = self.store.new_layer(backing)
+                layer = self.store.new_layer(backing, backend.images.suffix)
                 layers.append(layer)
                 (staging / f"layer{i}.qcow2").rename(layer)
-                await asyncio.to_thread(self.backend.images.rebase, layer, backing)
+                await asyncio.to_thread(backend.images.rebase, layer, backing)
                 backing = layer
             if manifest.fields["attachments"]:
                 (staging / ATTACHMENTS).mkdir()
@@ -356,8 +366,9 @@ class SnapshotService:
                 imported.write_bytes(inventory.sanitized(imported.read_bytes()))
             (staging / "memory.img").rename(memory)
             os.truncate(memory, manifest.memory_mb * 2**20)  # VMs map it whole
-            vm = self.backend.spec(built, manifest.memory_mb, manifest.cpus)
-            vm["accelerator"] = manifest.accelerator  # the saved state needs the same one
+            spec = backend.spec(built, manifest.memory_mb, manifest.cpus)
+            # The saved state needs the accelerator it was taken under.
+            vm = {**spec.to_dict(), "accelerator": manifest.accelerator}
             snap = manifest.record(snapshot_id, backing, vm)
             snap.memory = str(memory)
             self.store.publish(snap, staging)
@@ -366,6 +377,17 @@ class SnapshotService:
             shutil.rmtree(staging, ignore_errors=True)
             self.store.settle(*layers)
             self.store.collect(self.sandboxes.all())
+
+    def _exchanging(self, name: str) -> VmBackend:
+        """The backend whose snapshots travel in files: the VM's (container snapshots do not
+        yet: their CRIU images would have to be proved harmless before a restore, which runs
+        as root)."""
+        backend = self.backends[name]
+        if not isinstance(backend, VmBackend):
+            raise ApiError(
+                f"snapshots of the {name} backend cannot be exported or imported yet", 501
+            )
+        return backend
 
     def delete(self, snapshot_id: str) -> None:
         """Delete a snapshot; what other snapshots and sandboxes use stays."""

@@ -74,6 +74,7 @@ SUPPORTED_BASES: dict[str, BaseImage] = {
     "debian:bookworm": BaseImage(suite="bookworm", python_version="3.11"),
 }
 
+BACKENDS = ("auto", "vm", "container")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 
@@ -83,8 +84,8 @@ class TemplateSpec:
     """A parsed, validated template spec.
 
     Only ``base``, ``apt``, ``pip``, ``files``, ``setup`` and ``disk_size_mb`` go into the
-    image; ``description``, ``memory_mb`` and ``cpus`` are metadata and sandbox defaults, so
-    changing them does not rebuild anything.
+    image; ``description``, ``memory_mb``, ``cpus`` and ``backend`` are metadata and sandbox
+    defaults, so changing them does not rebuild anything.
     """
 
     name: str
@@ -97,6 +98,7 @@ class TemplateSpec:
     disk_size_mb: int = 4096
     memory_mb: int = 1024
     cpus: int = 2
+    backend: str = "auto"  # what runs its sandboxes: auto, vm or container
     source: Path | None = field(default=None, compare=False)
 
     @property
@@ -132,6 +134,7 @@ class TemplateSpec:
             "disk_size_mb": self.disk_size_mb,
             "memory_mb": self.memory_mb,
             "cpus": self.cpus,
+            "backend": self.backend,
         }
 
 
@@ -226,6 +229,7 @@ _FIELDS = (
     "disk_size_mb",
     "memory_mb",
     "cpus",
+    "backend",
 )
 
 
@@ -293,8 +297,16 @@ def parse_spec(text: str, source: Path | str | None = None) -> TemplateSpec:
         disk_size_mb=c.integer("disk_size_mb", data.get("disk_size_mb", 4096), 512, 1 << 20),
         memory_mb=c.integer("memory_mb", data.get("memory_mb", 1024), 128, 1 << 20),
         cpus=c.integer("cpus", data.get("cpus", 2), 1, 256),
+        backend=_backend(c, data.get("backend", "auto")),
         source=src_path,
     )
+
+
+def _backend(c: _Checker, value: object) -> str:
+    backend = c.string("backend", value)
+    if backend not in BACKENDS:
+        raise c.fail("backend", f"expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    return backend
 
 
 # --- finding specs -------------------------------------------------------------------------

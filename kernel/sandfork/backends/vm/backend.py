@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from sandfork.backends.base import Capture, CaptureRequest, MachineSpec
+from sandfork.backends.processes import kill_process
 from sandfork.backends.vm.accel import Accelerator, detect_accelerator
 from sandfork.backends.vm.images import Qcow2Images
-from sandfork.backends.vm.machine import Machine, kill_process, qemu_processes, release
+from sandfork.backends.vm.machine import DEVICES_FILE, RECORD, Machine, qemu_processes, release
 from sandfork.backends.vm.memory_layers import materialize
 from sandfork.backends.vm.process_memory import PAGE
 from sandfork.backends.vm.qemu import (
@@ -17,16 +20,24 @@ from sandfork.backends.vm.qemu import (
     Network,
     VmLayout,
     VmSpec,
+    qemu_binary,
     qemu_version,
 )
 from sandfork.templates import BuiltTemplate
+
+#: A boot capture's files: the frozen disk and the memory image of its sandboxes' chains.
+CAPTURE_DISK = "disk.qcow2"
+CAPTURE_MEMORY = "memory.img"
 
 
 class VmBackend:
     """Runs sandboxes as QEMU VMs over qcow2 overlays of a template's root image."""
 
     name = "vm"
+    isolation = "vm"
     images = Qcow2Images()
+    memory_suffix: str | None = ".mem"
+    captures_in_memory = True  # a fork's device state is small; its memory is a layer
 
     def __init__(
         self,
@@ -43,13 +54,21 @@ class VmBackend:
         self.egress_socket = egress_socket
         self.ram_dir = ram_dir
         ram_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.copy_memory = copy_memory  # the way before copy-on-write memory, to compare
+        self.copy_memory = copy_memory  # the way before copy-on-write, to compare
 
     @property
     def accelerator(self) -> str:
         return self.accel.name
 
-    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> dict[str, Any]:
+    def unavailable(self) -> str | None:
+        """Why VMs cannot run here (QEMU missing), or ``None``."""
+        try:
+            qemu_binary()
+        except FileNotFoundError as e:
+            return str(e)
+        return None
+
+    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> MachineSpec:
         """The VM description of a sandbox of ``template`` with these resources."""
         return VmSpec(
             kernel=template.kernel,
@@ -58,7 +77,11 @@ class VmBackend:
             memory_mb=memory_mb,
             cpus=cpus,
             accel=self.accel,
-        ).to_dict()
+        ).machine_spec()
+
+    def base_disk(self, template: BuiltTemplate) -> Path:
+        """The template's qcow2 root image."""
+        return template.rootfs
 
     def flatten_memory(self, chain: list[Path], out: Path, memory_mb: int) -> None:
         """Write the memory ``chain`` describes as one full image at ``out``."""
@@ -70,7 +93,7 @@ class VmBackend:
 
     async def create(
         self,
-        spec: dict[str, Any],
+        spec: MachineSpec,
         directory: Path,
         disk: Path,
         spawned: Callable[[int], None] | None = None,
@@ -83,7 +106,7 @@ class VmBackend:
         """
         layout = VmLayout(directory, disk, self.ram_dir)
         return await Machine.launch(
-            VmSpec.from_dict(spec),
+            VmSpec.from_machine_spec(spec),
             layout,
             self.boot_timeout,
             spawned=spawned,
@@ -93,34 +116,61 @@ class VmBackend:
 
     async def restore(
         self,
-        spec: dict[str, Any],
-        snapshot: Path,
-        memory: list[Path],
+        capture: Capture,
         directory: Path,
         disk: Path,
         spawned: Callable[[int], None] | None = None,
         *,
         host_access: bool = False,
     ) -> Machine:
-        """Start a VM that resumes the snapshot in ``snapshot`` on ``disk``, its RAM the
-        memory chain ``memory`` (its full image mapped copy-on-write).
+        """Start a VM that resumes the snapshot in ``capture.dir`` on ``disk``, its RAM the
+        memory chain ``capture.memory`` (its full image mapped copy-on-write).
 
         The network is the new VM's own choice: a snapshot taken under either restores in both.
         """
         layout = VmLayout(directory, disk, self.ram_dir)
         return await Machine.launch(
-            VmSpec.from_dict(spec),
+            VmSpec.from_machine_spec(capture.spec),
             layout,
             self.boot_timeout,
-            snapshot,
+            capture.dir,
             spawned,
             self._network(host_access),
-            memory,
+            capture.memory,
             self.copy_memory,
         )
 
     def _network(self, host_access: bool) -> Network:
         return Network(egress_socket=self.egress_socket, host_access=host_access)
+
+    async def boot_capture(self, spec: MachineSpec, template: BuiltTemplate, dest: Path) -> None:
+        """Boot a VM of ``spec`` on an overlay of the template's image, start its default
+        kernel and capture it into ``dest``: ``disk.qcow2`` (frozen), ``memory.img``,
+        ``devices.state``."""
+        disk = dest / CAPTURE_DISK
+        self.images.create_overlay(template.rootfs, disk)
+        # Named uniquely: its RAM file and sockets share the engine's RAM folder.
+        machine = await self.create(spec, dest / f"boot-{secrets.token_hex(6)}", disk)
+        scratch = dest / "scratch.qcow2"
+        names = {".qcow2": scratch, ".mem": dest / CAPTURE_MEMORY}
+        try:
+            await machine.agent.request("ctx.create", {"isolated": False}, wait=300)
+            request = CaptureRequest(disk, [], lambda _backing, suffix: names[suffix])
+            await machine.snapshot(dest, request)
+        finally:
+            await machine.destroy()
+            scratch.unlink(missing_ok=True)
+            shutil.rmtree(machine.layout.dir, ignore_errors=True)
+
+    def capture_at(self, directory: Path, spec: MachineSpec) -> Capture:
+        """The boot capture in ``directory`` as sandboxes start from it."""
+        return Capture(directory, spec, directory / CAPTURE_DISK, [directory / CAPTURE_MEMORY])
+
+    def capture_files(self, directory: Path) -> tuple[list[Path], Path]:
+        """A boot capture's files, and the one whose checksum is checked before each use (the
+        memory image is too big to read every time)."""
+        names = (CAPTURE_DISK, CAPTURE_MEMORY, DEVICES_FILE)
+        return [directory / name for name in names], directory / DEVICES_FILE
 
     async def adopt(self, directory: Path, disk: Path, pid: int) -> Machine:
         """Re-attach to a VM an earlier engine process started."""
@@ -134,14 +184,19 @@ class VmBackend:
 
     def sweep(self, root: Path, keep: set[str]) -> list[str]:
         """Kill and delete every VM under ``root`` whose directory name is not in ``keep``:
-        QEMU processes, directories and RAM files that no sandbox owns. Returns what went."""
+        QEMU processes, directories and RAM files that no sandbox owns. Returns what went.
+
+        QEMU processes are found from their command lines, not from the launch records: an
+        engine killed right after starting QEMU may not have written one.
+        """
         gone = []
         for name, pid in qemu_processes(root).items():
             if name not in keep:
                 kill_process(pid)
                 gone.append(f"QEMU process {pid} ({name})")
         for directory in list(root.iterdir()) if root.exists() else []:
-            if directory.name not in keep:
+            vm_files = ("qemu.log", "console.log", RECORD)
+            if directory.name not in keep and any((directory / n).exists() for n in vm_files):
                 release(self.ram_dir, directory)
                 gone.append(f"directory {directory}")
         for path in list(self.ram_dir.iterdir()):

@@ -33,6 +33,8 @@ def _info(image: Path, *options: str) -> Any:
 class Qcow2Images:
     """Copy-on-write layers of qcow2 images."""
 
+    suffix = ".qcow2"
+
     def create_overlay(self, base: Path, overlay: Path) -> None:
         """Make ``overlay`` a copy-on-write layer over ``base``."""
         subprocess.run(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -17,12 +19,16 @@ from typing import Any
 from qemu.qmp import ConnectError, QMPClient
 
 from sandfork.backends.agent_link import AgentLink
-from sandfork.backends.base import Captured
+from sandfork.backends.base import Captured, CaptureRequest
+from sandfork.backends.processes import start_time
 from sandfork.backends.vm.memory_layers import materialize, restore_pages, write_capture
 from sandfork.backends.vm.process_memory import PAGE, RamMapping, page_buffer
 from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, command_line
 
 DEVICES_FILE = "devices.state"
+RECORD = "machine.json"  # written at launch: what adoption and health checks go by
+MEMORY_SUFFIX = ".mem"
+DISK_SUFFIX = ".qcow2"
 
 
 GUEST_NICENESS = 10
@@ -54,6 +60,7 @@ class Machine:
         self._process = process
         self.image = image  # the memory image QEMU maps as guest RAM
         self.agent = AgentLink(str(layout.agent_socket))
+        self._started = start_time(pid)
 
     @classmethod
     async def launch(
@@ -118,6 +125,7 @@ class Machine:
                 umask=0o077,  # guest RAM, disk layers and sockets are private to this user
             )
         machine = cls(layout, process.pid, process, image, copy_memory)
+        write_record(layout.dir, process.pid, image)
         try:
             if spawned is not None:
                 spawned(process.pid)
@@ -138,7 +146,10 @@ class Machine:
 
         A VM left paused by an engine that died in the middle of a snapshot is resumed.
         """
-        machine = cls(layout, pid, None, _mapped_image(pid), copy_memory)
+        record = read_record(layout.dir)
+        if record.get("pid") != pid or start_time(pid) != record.get("start"):
+            raise VmError("its QEMU process is gone")
+        machine = cls(layout, pid, None, Path(str(record["image"])), copy_memory)
         if not machine.is_alive():
             raise VmError("its QEMU process is gone")
         status = await machine.qmp("query-status")
@@ -151,14 +162,8 @@ class Machine:
         """True while this VM's QEMU process runs."""
         if self._process is not None:
             return self._process.poll() is None
-        try:
-            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes()
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return False
-        # A recycled pid belongs to some other program: our command line names our directory.
-        state = stat.rsplit(")", 1)[-1].split()[0]
-        return str(self.layout.dir).encode() in cmdline and state != "Z"
+        # A recycled pid belongs to some other program: the start time tells them apart.
+        return self._started is not None and start_time(self.pid) == self._started
 
     def failure_reason(self) -> str:
         """Why the VM stopped, from QEMU's exit status, its log and the guest console."""
@@ -231,18 +236,19 @@ class Machine:
             await _wait_migration(qmp, timeout)
             await qmp.execute("cont")
 
-    async def snapshot(
-        self, dest: Path, new_disk: Path, new_memory: Path, memory: list[Path]
-    ) -> Captured:
+    async def snapshot(self, dest: Path, request: CaptureRequest) -> Captured:
         """Capture memory, devices and disk at one instant into ``dest``.
 
-        The VM is paused while its disk layer is frozen (new writes go to ``new_disk``), its
+        The VM is paused while its disk layer is frozen (new writes go to a new overlay), its
         device state is saved, and the pages it wrote since its memory image was mapped are
-        copied out; then it runs on, and those pages are stored in ``new_memory``: the ones
-        that differ from ``memory`` (the chain the VM's memory last matched) as a delta over
-        it, or everything as a full image (see :func:`memory_layers.write_capture`). The
-        frozen disk layer stays where it was, now read-only.
+        copied out; then it runs on, and those pages are stored in a new memory layer: the
+        ones that differ from ``request.memory`` (the chain the VM's memory last matched) as
+        a delta over it, or everything as a full image (see
+        :func:`memory_layers.write_capture`). The frozen disk layer is the snapshot's.
         """
+        memory = request.memory
+        new_disk = request.new_layer(request.disk, DISK_SUFFIX)
+        new_memory = request.new_layer(memory[0] if memory else None, MEMORY_SUFFIX)
         ram = self._ram()
         expected = len(await asyncio.to_thread(ram.written_pages))
         buffer = await asyncio.to_thread(page_buffer, expected + expected // 8 + 1024)
@@ -266,12 +272,26 @@ class Machine:
             finally:
                 await qmp.execute("cont")
             pause = time.monotonic() - paused
-        if self.copy_memory:
-            return Captured(pause, None)
-        backing = await asyncio.to_thread(
-            write_capture, new_memory, numbers, buffer[: len(numbers)], memory, ram.pages
+        backing = None
+        if not self.copy_memory:
+            backing = await asyncio.to_thread(
+                write_capture, new_memory, numbers, buffer[: len(numbers)], memory, ram.pages
+            )
+        return Captured(
+            paused=pause,
+            disk=request.disk,
+            sandbox_disk=new_disk,
+            memory=new_memory,
+            memory_backing=backing,
+            sandbox_memory=new_memory,
+            layers=(new_disk, new_memory),
         )
-        return Captured(pause, backing)
+
+    async def resumed(self) -> None:
+        """A restored guest still has the clock and entropy of its capture: refresh both."""
+        await self.agent.request("sys.set_time", {"epoch_ns": time.time_ns()})
+        entropy = base64.b64encode(os.urandom(64)).decode()
+        await self.agent.request("sys.reseed", {"entropy": entropy})
 
     async def destroy(self) -> None:
         """Stop the VM and delete its directory (sockets, logs) and RAM file."""
@@ -315,17 +335,23 @@ def release(ram_dir: Path, directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _mapped_image(pid: int) -> Path:
-    """The memory image a running QEMU maps as guest RAM (from its command line)."""
+def write_record(directory: Path, pid: int, image: Path) -> None:
+    """Record a launched QEMU process: its pid, start time and the memory image it maps."""
+    data = {"pid": pid, "start": start_time(pid), "image": str(image)}
+    tmp = directory / f".{RECORD}.tmp"
+    tmp.write_text(json.dumps(data))
+    tmp.rename(directory / RECORD)
+
+
+def read_record(directory: Path) -> dict[str, object]:
+    """What :func:`write_record` wrote for the VM of ``directory``."""
     try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError as e:
-        raise VmError("its QEMU process is gone") from e
-    for arg in args:
-        for option in arg.split(","):
-            if option.startswith("mem-path="):
-                return Path(option.removeprefix("mem-path="))
-    raise VmError(f"process {pid} is not a sandbox VM")
+        data = json.loads((directory / RECORD).read_text())
+    except (OSError, ValueError) as e:
+        raise VmError(f"its launch record is unreadable ({e})") from e
+    if not isinstance(data, dict):
+        raise VmError("its launch record is not an object")
+    return data
 
 
 def qemu_processes(root: Path) -> dict[str, int]:
@@ -345,15 +371,3 @@ def qemu_processes(root: Path) -> dict[str, int]:
         if console.startswith(marker):
             found[Path(console.decode()).parent.name] = int(proc.name)
     return found
-
-
-def kill_process(pid: int) -> None:
-    """SIGKILL ``pid`` and wait (briefly) until it is gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        time.sleep(0.01)

@@ -10,8 +10,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from sandfork.backends.base import MachineSpec
 from sandfork.backends.vm.accel import Accelerator
 
 # qboot starts a -kernel guest noticeably faster than SeaBIOS (measured under TCG: 4.35 s vs
@@ -79,27 +79,21 @@ class VmSpec:
     cpus: int
     accel: Accelerator
 
-    def to_dict(self) -> dict[str, Any]:
-        """The spec as JSON-able data, kept with sandboxes and snapshots."""
-        return {
-            "kernel": str(self.kernel),
-            "initrd": str(self.initrd),
-            "cmdline": self.cmdline,
-            "memory_mb": self.memory_mb,
-            "cpus": self.cpus,
-            "accelerator": self.accel.name,
-        }
+    def machine_spec(self) -> MachineSpec:
+        """The spec as the engine keeps it (the kernel, initramfs and command line are ours)."""
+        details = {"kernel": str(self.kernel), "initrd": str(self.initrd), "cmdline": self.cmdline}
+        return MachineSpec("vm", self.memory_mb, self.cpus, self.accel.name, details)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> VmSpec:
-        """The spec :meth:`to_dict` described."""
+    def from_machine_spec(cls, spec: MachineSpec) -> VmSpec:
+        """The VM a spec made by :meth:`machine_spec` describes."""
         return cls(
-            kernel=Path(data["kernel"]),
-            initrd=Path(data["initrd"]),
-            cmdline=data["cmdline"],
-            memory_mb=int(data["memory_mb"]),
-            cpus=int(data["cpus"]),
-            accel=Accelerator(data["accelerator"], "as recorded with the sandbox or snapshot"),
+            kernel=Path(spec.details["kernel"]),
+            initrd=Path(spec.details["initrd"]),
+            cmdline=str(spec.details["cmdline"]),
+            memory_mb=spec.memory_mb,
+            cpus=spec.cpus,
+            accel=Accelerator(spec.accelerator, "as recorded with the sandbox or snapshot"),
         )
 
 

@@ -34,8 +34,11 @@ class SandboxesHandler(ApiHandler):
             raise ApiError(
                 "host_access is disabled on this engine (start it with --allow-host-access)", 403
             )
+        backend = text_field(body, "backend", 16)
         from_snapshot = text_field(body, "from_snapshot", 64)
         if from_snapshot is not None:
+            if backend not in (None, "auto"):
+                raise BadRequest("a snapshot restores on the backend that took it: give no backend")
             record = await self.sandboxes.create_from_snapshot(
                 from_snapshot, metadata=metadata, persistent=persistent, host_access=host_access
             )
@@ -50,6 +53,7 @@ class SandboxesHandler(ApiHandler):
             metadata=metadata,
             persistent=persistent,
             host_access=host_access,
+            backend=backend,
         )
         if lease is not None:
             self.sandboxes.lease(record.id, lease)

@@ -26,15 +26,23 @@ class TemplatesHandler(ApiHandler):
 
 
 class HealthHandler(ApiHandler):
-    """``GET``: the engine is up; with the accelerator and sandbox count."""
+    """``GET``: the engine is up; its default backend (and why), each backend's accelerator
+    or why it cannot run here, and the sandbox count."""
 
     async def get(self) -> None:
-        backend = self.sandboxes.backend
+        backends = self.sandboxes.backends
+        default = backends[backends.default]
         self.write_json(
             {
                 "status": "ok",
-                "backend": backend.name,
-                "accelerator": backend.accelerator,
+                "backend": default.name,
+                "isolation": default.isolation,
+                "accelerator": default.accelerator,
+                "why": backends.why,
+                "backends": {
+                    name: {"accelerator": b.accelerator, "unavailable": backends.reasons.get(name)}
+                    for name, b in backends.all().items()
+                },
                 "sandboxes": len(self.sandboxes.all()),
             }
         )

@@ -1,0 +1,346 @@
+"""The container backend: each sandbox a process tree in its own namespaces, captured by CRIU.
+
+It runs the template's own root filesystem (as a tree, :mod:`.tree`) under an overlay of the
+sandbox's layers (:mod:`.layers`), the same guest agent and ipykernels as a VM, at native
+speed; the boundary is the kernel's: namespaces (PID, mount, network with only ``lo``, IPC,
+UTS), a control group with memory, process and CPU limits (:mod:`.cgroups`), no
+capabilities, no new privileges and a seccomp filter (:mod:`.lockdown`). Each sandbox has a
+shim (:mod:`.shim`) that outlives the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from sandfork.backends.base import Capture, CaptureRequest, MachineSpec
+from sandfork.backends.container import criu as criu_tools
+from sandfork.backends.container import layers
+from sandfork.backends.container.cgroups import Cgroup, Hierarchy, Limits
+from sandfork.backends.container.launcher import AGENT_DIR, LaunchConfig
+from sandfork.backends.container.sandbox import IMAGES, PIPES, ContainerError, ContainerSandbox
+from sandfork.backends.container.shim import RECORD, RestoreConfig, ShimConfig
+from sandfork.backends.container.tree import tree_of
+from sandfork.backends.processes import start_time
+from sandfork.templates import BuiltTemplate
+from sandfork.templates.initramfs import agent_dir
+
+#: Bump when what a sandbox's capture depends on changes (the launcher's mounts, the fds).
+CONTAINER_REVISION = 1
+DISK = "disk" + layers.SUFFIX  # a boot capture's disk layer
+MAX_PIDS = 4096  # processes and threads of one sandbox
+SOCKET_SUFFIXES = (".agent", ".egress")
+_HOOK = """#!/bin/sh
+# CRIU's action script: at post-dump (all dumped, nothing resumed) let the engine copy the
+# sandbox's files; if the engine is gone the connection fails and the dump goes on.
+[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
+exec {python} -I -S -c '
+import os, socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(os.environ["SANDFORK_DUMP_HOOK"])
+    s.sendall(b"frozen\\n")
+    s.recv(16)
+except OSError:
+    pass
+'
+"""
+_GUEST_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def guest_env() -> dict[str, str]:
+    """The agent's environment, as the VM's guest init gives it."""
+    return {
+        "PATH": _GUEST_PATH,
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(Path(AGENT_DIR).parent),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def unavailable() -> str | None:
+    """Why container sandboxes cannot run on this host, in one line (``None``: they can)."""
+    if os.geteuid() != 0:
+        return (
+            "container sandboxes need root: CRIU must checkpoint processes in namespaces of "
+            "their own, which an ordinary user's CRIU cannot restore"
+        )
+    if shutil.which("debugfs", path=criu_tools.tool_path()) is None:
+        return "debugfs is missing (Debian package e2fsprogs)"
+    reason = Hierarchy.detect().usable()
+    if reason is not None:
+        return reason
+    try:
+        criu_tools.require()
+    except criu_tools.CriuError as e:
+        return str(e)
+    return None
+
+
+class OverlayLayers:
+    """The container backend's disk layers (:mod:`.layers`) as the engine's chains see them."""
+
+    suffix = layers.SUFFIX
+
+    def create_overlay(self, base: Path, overlay: Path) -> None:
+        """An empty layer over ``base``."""
+        layers.create(overlay, base)
+
+    def backing_chain(self, image: Path) -> list[Path]:
+        """``image``, the layers below it and the tree."""
+        return layers.chain(image)
+
+    def rebase(self, layer: Path, backing: Path) -> None:
+        """Point ``layer`` at another backing."""
+        layers.set_backing(layer, backing)
+
+
+class ContainerBackend:
+    """Runs sandboxes as CRIU-captured process trees over overlays of a template's tree."""
+
+    name = "container"
+    isolation = "container"
+    accelerator = "native"
+    images = OverlayLayers()
+    memory_suffix: str | None = None
+    captures_in_memory = False  # restores link the image files: they must be on disk
+
+    def __init__(self, ram_dir: Path, state_dir: Path, boot_timeout: float = 60.0) -> None:
+        self.ram_dir = ram_dir
+        self.boot_timeout = boot_timeout
+        ram_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        engine = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+        self.cgroups = f"sandfork/{engine}"
+        self.hierarchy = Hierarchy.detect()
+        self._criu: criu_tools.Criu | None = None
+        self.hook = state_dir / "run" / "criu-hook.sh"  # private: the engine's runtime folder
+
+    # -- what it is ----------------------------------------------------------------------
+
+    def unavailable(self) -> str | None:
+        """Why container sandboxes cannot run here, in one line (``None``: they can)."""
+        return unavailable()
+
+    def criu(self) -> criu_tools.Criu:
+        """The CRIU this backend runs (found once)."""
+        if self._criu is None:
+            self._criu = criu_tools.require()
+            self.hook.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.hook.write_text(_HOOK.format(python=sys.executable))
+            self.hook.chmod(0o700)
+        return self._criu
+
+    def machine_key(self) -> str:
+        """CRIU's version and the revision of our sandboxes' layout."""
+        return f"criu {self.criu().version} / container revision {CONTAINER_REVISION}"
+
+    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> MachineSpec:
+        """A container of ``template`` (its tree made first, once)."""
+        tree = tree_of(template)
+        return MachineSpec(self.name, memory_mb, cpus, self.accelerator, {"tree": str(tree)})
+
+    def base_disk(self, template: BuiltTemplate) -> Path:
+        """The template's tree, the bottom of every sandbox's layers."""
+        return tree_of(template)
+
+    # -- starting ------------------------------------------------------------------------
+
+    def _sockets(self, directory: Path) -> dict[str, Path]:
+        return {s[1:]: self.ram_dir / f"{directory.name}{s}" for s in SOCKET_SUFFIXES}
+
+    def _cgroup(self, directory: Path) -> Cgroup:
+        return Cgroup(self.hierarchy, f"{self.cgroups}/{directory.name}")
+
+    async def _start(
+        self,
+        spec: MachineSpec,
+        directory: Path,
+        disk: Path,
+        spawned: Callable[[int], None] | None,
+        *,
+        host_access: bool,
+        launch: LaunchConfig | None = None,
+        restore: RestoreConfig | None = None,
+    ) -> ContainerSandbox:
+        if host_access:  # the engine refuses it before (engine/backends.py)
+            raise ContainerError("host_access needs the vm backend")
+        criu = self.criu()
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (directory / "root").mkdir(exist_ok=True)
+        cgroup = self._cgroup(directory)
+        cgroup.create(Limits(spec.memory_mb * 2**20, MAX_PIDS))
+        sockets = self._sockets(directory)
+        config = ShimConfig(
+            dir=str(directory),
+            cgroup=cgroup.relative,
+            sockets={name: str(path) for name, path in sockets.items()},
+            launch=launch.__dict__ if launch is not None else None,
+            restore=restore.__dict__ if restore is not None else None,
+        )
+        return await ContainerSandbox.start(
+            config,
+            disk=disk,
+            sockets=sockets,
+            cgroup=cgroup,
+            criu=criu,
+            hook=self.hook,
+            timeout=self.boot_timeout,
+            spawned=spawned,
+        )
+
+    def _root(self, directory: Path, disk: Path) -> dict[str, object]:
+        chain = layers.chain(disk)
+        return {
+            "root": str(directory / "root"),
+            "upper": str(disk / layers.FS),
+            "work": str(disk / layers.WORK),
+            "lower": [str(layers.fs_dir(layer)) for layer in chain[1:]],
+        }
+
+    async def create(
+        self,
+        spec: MachineSpec,
+        directory: Path,
+        disk: Path,
+        spawned: Callable[[int], None] | None = None,
+        *,
+        host_access: bool = False,
+    ) -> ContainerSandbox:
+        """Launch a new sandbox on the layer ``disk``."""
+        root = self._root(directory, disk)
+        launch = LaunchConfig(
+            root=str(root["root"]),
+            upper=str(root["upper"]),
+            work=str(root["work"]),
+            lower=list(root["lower"]),  # type: ignore[call-overload]
+            agent=str(agent_dir()),
+            command=[
+                "/usr/bin/tini",
+                "-s",
+                "--",
+                "/opt/venv/bin/python",
+                "-m",
+                "sandfork_agent",
+                "--stdio",
+            ],
+            env=guest_env(),
+        )
+        return await self._start(
+            spec, directory, disk, spawned, host_access=host_access, launch=launch
+        )
+
+    async def restore(
+        self,
+        capture: Capture,
+        directory: Path,
+        disk: Path,
+        spawned: Callable[[int], None] | None = None,
+        *,
+        host_access: bool = False,
+    ) -> ContainerSandbox:
+        """A new sandbox resuming the CRIU image in ``capture.dir`` on the layer ``disk``."""
+        assert capture.dir is not None
+        criu = self.criu()
+        root = self._root(directory, disk)
+        pipes = json.loads((capture.dir / PIPES).read_text())
+        restore = RestoreConfig(
+            images=str(capture.dir / IMAGES),
+            root=str(root["root"]),
+            upper=str(root["upper"]),
+            work=str(root["work"]),
+            lower=list(root["lower"]),  # type: ignore[call-overload]
+            pipes={str(k): int(v) for k, v in pipes.items()},
+            criu=criu.command(),
+            criu_path=criu.env()["PATH"],
+        )
+        sandbox = await self._start(
+            capture.spec, directory, disk, spawned, host_access=host_access, restore=restore
+        )
+        sandbox.last_layer = capture.disk  # its files are that layer's until they change
+        return sandbox
+
+    async def boot_capture(self, spec: MachineSpec, template: BuiltTemplate, dest: Path) -> None:
+        """Launch a sandbox of the template, start its default kernel, capture it into
+        ``dest`` (``images/``, ``pipes.json``, the layer ``disk.fs``) and stop it."""
+        disk = dest / f"boot{layers.SUFFIX}"
+        layers.create(disk, tree_of(template))
+        sandbox = await self.create(spec, dest / "boot", disk)
+        try:
+            await sandbox.agent.request("ctx.create", {"isolated": False}, wait=300)
+            await sandbox.snapshot(dest, CaptureRequest(disk, [], lambda _b, _s: dest / DISK))
+        finally:
+            await sandbox.destroy()
+            shutil.rmtree(disk, ignore_errors=True)  # the capture has a copy
+
+    def capture_at(self, directory: Path, spec: MachineSpec) -> Capture:
+        """The boot capture in ``directory`` as sandboxes start from it."""
+        return Capture(directory, spec, directory / DISK, [])
+
+    def capture_files(self, directory: Path) -> tuple[list[Path], Path]:
+        """A boot capture's CRIU images and pipe list; CRIU's inventory is checksummed."""
+        files = sorted((directory / IMAGES).iterdir()) if (directory / IMAGES).is_dir() else []
+        return [*files, directory / PIPES], directory / IMAGES / "inventory.img"
+
+    # -- after a restart -----------------------------------------------------------------
+
+    async def adopt(self, directory: Path, disk: Path, pid: int) -> ContainerSandbox:
+        """Re-attach to the shim of a sandbox an earlier engine started."""
+        try:
+            record = json.loads((directory / RECORD).read_text())
+        except (OSError, ValueError) as e:
+            raise ContainerError(f"it has no shim record ({e})") from e
+        if record.get("shim") != pid or start_time(pid) != record.get("shim_start"):
+            raise ContainerError("its shim is gone")
+        sandbox = ContainerSandbox(
+            directory,
+            disk,
+            self._sockets(directory),
+            self._cgroup(directory),
+            self.criu(),
+            self.hook,
+            pid,
+        )
+        if not sandbox.is_alive():
+            raise ContainerError(sandbox.failure_reason() or "it has ended")
+        await sandbox.agent.connect(timeout=10.0, alive=sandbox.is_alive)
+        return sandbox
+
+    def release(self, directory: Path) -> None:
+        """Delete the group, sockets and folder of a sandbox whose shim is gone."""
+        with contextlib.suppress(OSError):
+            self._cgroup(directory).remove()
+        for path in self._sockets(directory).values():
+            path.unlink(missing_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def sweep(self, root: Path, keep: set[str]) -> list[str]:
+        """Stop every shim, group and folder under ``root`` no adopted sandbox owns."""
+        gone = []
+        for directory in list(root.iterdir()) if root.exists() else []:
+            if directory.name in keep or not (directory / "shim.log").exists():
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                record = json.loads((directory / RECORD).read_text())
+                pid = record.get("shim")
+                if isinstance(pid, int) and start_time(pid) == record.get("shim_start"):
+                    os.kill(pid, signal.SIGKILL)
+                    gone.append(f"shim process {pid} ({directory.name})")
+            self.release(directory)
+            gone.append(f"directory {directory}")
+        for name in self.hierarchy.groups(self.cgroups):
+            if name not in keep:
+                with contextlib.suppress(OSError):
+                    Cgroup(self.hierarchy, f"{self.cgroups}/{name}").remove()
+                    gone.append(f"control group {self.cgroups}/{name}")
+        for path in list(self.ram_dir.iterdir()):
+            if path.suffix in SOCKET_SUFFIXES and path.stem not in keep:
+                path.unlink(missing_ok=True)
+        return gone

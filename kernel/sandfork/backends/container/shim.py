@@ -1,0 +1,498 @@
+"""The keeper of one container sandbox: starts it, holds its pipes, outlives the engine.
+
+Run as ``python -m sandfork.backends.container.shim CONFIG_JSON`` in a session of its own.
+It makes the pipes that are the sandbox's stdio (the guest agent's channel on 0 and 1, its
+console on 2, the egress channel on 3 and 4), then either *launches* a new sandbox (its child
+becomes PID 1 of a new PID namespace and runs :mod:`.launcher`) or *restores* one from a CRIU
+image (``criu restore --root`` in a throwaway mount namespace where the sandbox's overlay is
+mounted, the image's pipes replaced by the new ones with ``--inherit-fd``; memory pages
+served lazily by ``criu lazy-pages`` when asked). Either way the sandbox's processes join its
+control group before they run, and the shim, a child subreaper, becomes their parent.
+
+Then it serves the engine as QEMU does for a VM: each channel is a Unix socket in the engine's
+RAM folder that one client at a time is relayed to; while no client is connected, what the
+sandbox writes is read and dropped, so it never blocks. An engine restart reconnects; the
+sandbox notices nothing. The console goes to ``console.log`` (bounded). When the sandbox's
+PID 1 exits, the shim kills what is left in its group, writes ``exit.json`` and ends.
+
+``shim.json`` in the sandbox's directory is the record a restarted engine adopts the sandbox
+by (the shim's and PID 1's process ids and start times, the pipes' inode numbers, which a
+snapshot needs for its restore).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandfork.backends.container.cgroups import Cgroup, Hierarchy
+from sandfork.backends.container.launcher import LaunchConfig, mount, overlay_options
+from sandfork.backends.processes import start_time
+
+RECORD = "shim.json"
+EXIT = "exit.json"
+CONSOLE = "console.log"
+#: The sandbox's file descriptors, by role; CRIU matches them by the pipes' inodes.
+CHANNELS = {"agent": (0, 1), "egress": (3, 4)}
+CONSOLE_FD = 2
+MAX_CONSOLE_BYTES = 1 << 20  # console.log is cut to its last half past this
+_BUFFER = 1 << 20  # bytes held for a slow reader before the writer is paused
+_CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
+_PR_SET_CHILD_SUBREAPER = 36
+_MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
+_LAZY_SOCKET = "lazy-pages.socket"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class RestoreConfig:
+    """How to restore: the CRIU image, the root's layers, the dumped pipes' inodes."""
+
+    images: str
+    root: str
+    upper: str
+    work: str
+    lower: list[str]
+    pipes: dict[str, int]  # fd in the sandbox -> the inode of its pipe when dumped
+    criu: list[str]
+    criu_path: str  # PATH for CRIU (its wrapper programs first)
+    lazy: bool = True
+
+
+@dataclass(frozen=True)
+class ShimConfig:
+    """What one shim does."""
+
+    dir: str
+    cgroup: str
+    sockets: dict[str, str]  # channel -> Unix socket path
+    launch: dict[str, Any] | None = None  # a LaunchConfig
+    restore: dict[str, Any] | None = None  # a RestoreConfig
+    niceness: int = 10
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The config as the shim's argument."""
+        return json.dumps(asdict(self))
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.rename(path)
+
+
+class _Pipes:
+    """The sandbox's side (by fd number) and the shim's side of every pipe."""
+
+    def __init__(self) -> None:
+        self.sandbox: dict[int, int] = {}
+        self.shim: dict[int, int] = {}
+        for reads, writes in CHANNELS.values():
+            r, w = os.pipe()
+            self.sandbox[reads], self.shim[reads] = r, w
+            r, w = os.pipe()
+            self.sandbox[writes], self.shim[writes] = w, r
+        r, w = os.pipe()
+        self.sandbox[CONSOLE_FD], self.shim[CONSOLE_FD] = w, r
+
+    def inodes(self) -> dict[str, int]:
+        """The inode of each pipe, by the sandbox's fd (what a dump of it records)."""
+        return {str(fd): os.fstat(end).st_ino for fd, end in self.sandbox.items()}
+
+    def close_sandbox_side(self) -> None:
+        for end in self.sandbox.values():
+            os.close(end)
+
+
+def _child_setup(config: ShimConfig, pipes: _Pipes, place: dict[int, int]) -> None:
+    """In the forked child: join the sandbox's group, yield to the engine, set the fds."""
+    Cgroup(Hierarchy.detect(), config.cgroup).join()
+    os.nice(config.niceness)
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    for end in pipes.shim.values():
+        os.close(end)
+    for fd, end in place.items():  # two passes: a target may be another's source
+        os.dup2(end, 100 + fd, inheritable=False)
+    for fd in place:
+        os.dup2(100 + fd, fd)
+        os.close(100 + fd)
+
+
+def _launch(config: ShimConfig, pipes: _Pipes) -> int:
+    """Fork PID 1 of a new PID namespace running the launcher; returns its pid."""
+    assert config.launch is not None
+    if _libc.unshare(_CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), "cannot make a PID namespace")
+    launch = LaunchConfig(**config.launch)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child_setup(config, pipes, pipes.sandbox)
+            argv = [sys.executable, "-m", "sandfork.backends.container.launcher", launch.to_json()]
+            os.execve(sys.executable, argv, {**os.environ, **config.env})
+        finally:
+            os._exit(127)
+    return pid
+
+
+@dataclass
+class _Lazy:
+    """A ``criu lazy-pages`` serving a restored sandbox's memory, and its image folder."""
+
+    process: subprocess.Popen[bytes]
+    images: Path
+
+
+def _restore(config: ShimConfig, pipes: _Pipes, directory: Path) -> tuple[int, _Lazy | None]:
+    """Restore the sandbox from its image; returns the restored PID 1's pid and the lazy-pages
+    server still feeding it."""
+    assert config.restore is not None
+    restore = RestoreConfig(**config.restore)
+    images = _private_images(Path(restore.images), directory / "images")
+    env = {**os.environ, "PATH": restore.criu_path}
+    inherit = []
+    fds = {}
+    for fd, inode in restore.pipes.items():
+        slot = 10 + int(fd)
+        fds[slot] = pipes.sandbox[int(fd)]
+        inherit += ["--inherit-fd", f"fd[{slot}]:pipe:[{inode}]"]
+    work = directory / "criu"
+    work.mkdir(exist_ok=True)
+    command = [*restore.criu, "restore", "-D", str(images), "-W", str(work), "-o", "restore.log"]
+    command += ["--root", restore.root, "--restore-detached", "--pidfile", str(work / "init.pid")]
+    command += ["--tcp-established", "--manage-cgroups=ignore", *inherit]
+    lazy: subprocess.Popen[bytes] | None = None
+    try:
+        if restore.lazy:
+            lazy = subprocess.Popen(
+                [*restore.criu, "lazy-pages", "-D", str(images), "-W", str(work), "-o", "lazy.log"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            _wait_for(work / _LAZY_SOCKET, lazy)
+            command.append("--lazy-pages")
+        pid = _run_restore(config, pipes, fds, restore, command, env, work / "restore.log")
+    except BaseException:
+        if lazy is not None:  # nothing will ask it for pages now
+            lazy.kill()
+            lazy.wait()
+        raise
+    if lazy is None:
+        shutil.rmtree(images, ignore_errors=True)
+        return pid, None
+    return pid, _Lazy(lazy, images)
+
+
+def _run_restore(
+    config: ShimConfig,
+    pipes: _Pipes,
+    fds: dict[int, int],
+    restore: RestoreConfig,
+    command: list[str],
+    env: dict[str, str],
+    log: Path,
+) -> int:
+    """Run ``criu restore`` in a throwaway mount namespace where the root is mounted; the pid
+    of the restored PID 1."""
+    options = overlay_options(restore.upper, restore.work, restore.lower)
+    child = os.fork()
+    if child == 0:
+        try:
+            _child_setup(config, pipes, fds)
+            if _libc.unshare(_CLONE_NEWNS) != 0:
+                raise OSError(ctypes.get_errno(), "cannot make a mount namespace")
+            mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+            mount("overlay", restore.root, "overlay", 0, options)
+            os.execve(command[0], command, env)
+        except BaseException as e:
+            print(f"sandfork shim: restoring failed: {e}", file=sys.stderr)
+        finally:
+            os._exit(127)
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        errors = [line for line in text.splitlines() if "Error" in line][-3:]
+        raise RuntimeError("criu restore failed: " + (" | ".join(errors) or f"status {status}"))
+    return int((log.parent / "init.pid").read_text())
+
+
+def _private_images(source: Path, target: Path) -> Path:
+    """The image files hard-linked (copied across file systems) into the sandbox's own
+    folder, so the snapshot may be deleted while pages are still read from them."""
+    target.mkdir()
+    for entry in source.iterdir():
+        try:
+            os.link(entry, target / entry.name)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            shutil.copy2(entry, target / entry.name)
+    return target
+
+
+def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"criu lazy-pages exited with status {process.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError("criu lazy-pages did not start")
+        time.sleep(0.002)
+
+
+class _Relay:
+    """One channel: a listening socket relayed to the sandbox's pair of pipes."""
+
+    def __init__(self, path: str, to_sandbox: int, from_sandbox: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.path = path
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        os.chmod(path, 0o600)
+        self.server.listen(4)
+        self.server.setblocking(False)
+        self.to_sandbox, self.from_sandbox = to_sandbox, from_sandbox
+        os.set_blocking(to_sandbox, False)
+        os.set_blocking(from_sandbox, False)
+        self.client: socket.socket | None = None
+        self.inbound = bytearray()  # client -> sandbox, not yet written
+        self.outbound = bytearray()  # sandbox -> client, not yet sent
+
+
+class Shim:
+    """The relay loop and the end of the sandbox."""
+
+    def __init__(self, config: ShimConfig, pipes: _Pipes, init: int, lazy: _Lazy | None) -> None:
+        self.config = config
+        self.lazy = lazy
+        self.directory = Path(config.dir)
+        self.init = init
+        self.selector = selectors.DefaultSelector()
+        self.relays = [
+            _Relay(config.sockets[name], pipes.shim[reads], pipes.shim[writes])
+            for name, (reads, writes) in CHANNELS.items()
+            if name in config.sockets
+        ]
+        self.console = pipes.shim[CONSOLE_FD]
+        os.set_blocking(self.console, False)
+        self.console_log = open(self.directory / CONSOLE, "ab", buffering=0)
+        self.stopping = False
+
+    def run(self) -> int:
+        """Relay until PID 1 exits; returns its wait status."""
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self._arm()
+        while True:
+            status = self._reap()
+            if status is not None:
+                return status
+            for key, events in self.selector.select(timeout=0.5):
+                key.data(events)
+            self._arm()
+
+    def _stop(self, *_: object) -> None:
+        self.stopping = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.init, signal.SIGKILL)
+
+    def _reap(self) -> int | None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return 0
+            if pid == 0:
+                return None
+            if pid == self.init:
+                return status
+            lazy = self.lazy
+            if lazy is not None and lazy.process.pid == pid:
+                self.lazy = None
+                shutil.rmtree(lazy.images, ignore_errors=True)
+                code = os.waitstatus_to_exitcode(status)
+                if code != 0:  # pages it had not served yet are lost: the sandbox cannot go on
+                    self._note(f"criu lazy-pages failed with status {code}")
+                    self._stop()
+
+    def _note(self, text: str) -> None:
+        self.console_log.write(f"sandfork shim: {text}\n".encode())
+
+    def _arm(self) -> None:
+        """(Re)register every fd with the events it waits for now."""
+        self.selector.close()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.console, selectors.EVENT_READ, self._on_console)
+        for relay in self.relays:
+            if relay.client is None:
+                self.selector.register(relay.server, selectors.EVENT_READ, self._accept(relay))
+            else:
+                events = selectors.EVENT_WRITE if relay.outbound else 0
+                if len(relay.inbound) < _BUFFER:
+                    events |= selectors.EVENT_READ
+                if events:
+                    self.selector.register(relay.client, events, self._on_client(relay))
+            if relay.inbound:
+                self.selector.register(
+                    relay.to_sandbox, selectors.EVENT_WRITE, self._flush_in(relay)
+                )
+            if len(relay.outbound) < _BUFFER:
+                self.selector.register(
+                    relay.from_sandbox, selectors.EVENT_READ, self._on_sandbox(relay)
+                )
+
+    def _accept(self, relay: _Relay):  # type: ignore[no-untyped-def]
+        def accept(_events: int) -> None:
+            try:
+                client, _ = relay.server.accept()
+            except BlockingIOError:
+                return
+            client.setblocking(False)
+            relay.client = client
+            relay.outbound.clear()
+            # A line cut off by the last client's end is ended here: the agent drops it.
+            relay.inbound[:0] = b"\n"
+
+        return accept
+
+    def _on_client(self, relay: _Relay):  # type: ignore[no-untyped-def]
+        def on_client(events: int) -> None:
+            assert relay.client is not None
+            if events & selectors.EVENT_READ:
+                try:
+                    data = relay.client.recv(1 << 16)
+                except BlockingIOError:
+                    data = None
+                except OSError:
+                    data = b""
+                if data == b"":
+                    self._drop(relay)
+                    return
+                if data:
+                    relay.inbound += data
+            if events & selectors.EVENT_WRITE and relay.outbound:
+                try:
+                    sent = relay.client.send(relay.outbound)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self._drop(relay)
+                    return
+                del relay.outbound[:sent]
+
+        return on_client
+
+    def _drop(self, relay: _Relay) -> None:
+        assert relay.client is not None
+        relay.client.close()
+        relay.client = None
+        relay.outbound.clear()
+
+    def _flush_in(self, relay: _Relay):  # type: ignore[no-untyped-def]
+        def flush(_events: int) -> None:
+            try:
+                written = os.write(relay.to_sandbox, relay.inbound)
+            except BlockingIOError:
+                return
+            except OSError:
+                relay.inbound.clear()
+                return
+            del relay.inbound[:written]
+
+        return flush
+
+    def _on_sandbox(self, relay: _Relay):  # type: ignore[no-untyped-def]
+        def on_sandbox(_events: int) -> None:
+            try:
+                data = os.read(relay.from_sandbox, 1 << 16)
+            except BlockingIOError:
+                return
+            if relay.client is not None:
+                relay.outbound += data
+
+        return on_sandbox
+
+    def _on_console(self, _events: int) -> None:
+        try:
+            data = os.read(self.console, 1 << 16)
+        except BlockingIOError:
+            return
+        if self.console_log.tell() > MAX_CONSOLE_BYTES:
+            self._cut_console()
+        self.console_log.write(data)
+
+    def _cut_console(self) -> None:
+        path = self.directory / CONSOLE
+        with contextlib.suppress(OSError):
+            tail = path.read_bytes()[-MAX_CONSOLE_BYTES // 2 :]
+            self.console_log.close()
+            path.write_bytes(b"[sandfork: console cut]\n" + tail)
+            self.console_log = open(path, "ab", buffering=0)
+
+    def finish(self, status: int) -> None:
+        """The sandbox's PID 1 is gone: end its other processes and record why."""
+        with contextlib.suppress(OSError):
+            Cgroup(Hierarchy.detect(), self.config.cgroup).kill()
+        if self.lazy is not None:
+            self.lazy.process.kill()
+            shutil.rmtree(self.lazy.images, ignore_errors=True)
+        for relay in self.relays:
+            with contextlib.suppress(OSError):
+                os.unlink(relay.path)
+        reason = "stopped" if self.stopping else _describe(status)
+        write_json(self.directory / EXIT, {"reason": reason, "at": time.time()})
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"its init was killed by signal {os.WTERMSIG(status)}"
+    return f"its init exited with status {os.WEXITSTATUS(status)}"
+
+
+def main() -> None:
+    """``python -m sandfork.backends.container.shim CONFIG_JSON``."""
+    config = ShimConfig(**json.loads(sys.argv[1]))
+    directory = Path(config.dir)
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    pipes = _Pipes()
+    try:
+        init, lazy = (
+            (_launch(config, pipes), None) if config.launch else _restore(config, pipes, directory)
+        )
+    except Exception as e:
+        write_json(
+            directory / EXIT, {"reason": f"the sandbox did not start: {e}", "at": time.time()}
+        )
+        sys.exit(1)
+    inodes = pipes.inodes()
+    pipes.close_sandbox_side()
+    record: dict[str, object] = {"shim": os.getpid(), "shim_start": start_time(os.getpid())}
+    record |= {"init": init, "init_start": start_time(init), "pipes": inodes}
+    shim = Shim(config, pipes, init, lazy)
+    write_json(directory / RECORD, record)
+    status = shim.run()
+    shim.finish(status)
+
+
+if __name__ == "__main__":
+    main()
