@@ -22,6 +22,11 @@ from sandfork.templates import ensure_template
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]  # jp_fetch & co. for the server extension
 
+BACKEND = os.environ.get("SANDFORK_TEST_BACKEND", "vm")
+"""The backend the suite's engines run sandboxes on unless a test names one: ``vm`` (the
+whole suite) or ``container`` (the second pass of `scripts/test.sh`: the tests marked
+``portable``)."""
+
 LEAK_GRACE = 10.0
 """Seconds a sandbox killed asynchronously after a test (a kernel shutting down) may take."""
 
@@ -43,6 +48,8 @@ class EngineProcess:
         info.unlink(missing_ok=True)
         log = (self.home / "engine.log").open("ab")
         port = [] if "--port" in self.args else ["--port", "0"]  # a free one unless told
+        if not any(a.startswith("--EngineConfig.backend") for a in self.args):
+            port.append(f"--EngineConfig.backend={BACKEND}")
         self.process = subprocess.Popen(
             [
                 sys.executable,

@@ -123,7 +123,7 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
     assert names.index("cellType") < names.index(sandfork[0]), names
     assert names.index(sandfork[-1]) < names.index("spacer"), names
     status = page.locator(".sandfork-StatusItem")
-    expect(status).to_have_text(re.compile(r"(TCG|KVM) · \d+ (GiB|MiB)"))
+    expect(status).to_have_text(re.compile(r"(VM · (TCG|KVM)|Container) · \d+ (GiB|MiB)"))
 
     _run_cell(page, "x = 41")
     # With copy-on-write memory a snapshot can finish before the front end's first progress

@@ -142,5 +142,5 @@ def test_checkpoints_rewind_inventory_and_hibernation_in_jupyterlab(
         own_engine.qemu_pid(sandbox_id)
     page.screenshot(path=ARTIFACTS / "jupyterlab-hibernated.png")
     assert _output(page, "print(kept, df.shape)") == "from cell 2 (5, 2)"
-    expect(status).to_have_text(re.compile(r"(TCG|KVM) · \d+ (GiB|MiB)"))
+    expect(status).to_have_text(re.compile(r"(VM · (TCG|KVM)|Container) · \d+ (GiB|MiB)"))
     assert _kernel(lab)["sandbox"]["id"] == sandbox_id  # woken under the same id

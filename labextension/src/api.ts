@@ -64,6 +64,8 @@ export interface IKernelSandbox {
     id: string;
     template: string;
     status: string;
+    /** What separates it from the host: 'vm' or 'container'. */
+    isolation: string;
     accelerator: string;
     memory_mb: number;
     cpu: number;

@@ -9,6 +9,13 @@ import { SandforkKernels } from './kernel';
 import { errorMessage } from './progress';
 import { KernelSandboxes, isAttaching } from './sandboxes';
 
+/** How a sandbox runs, as the status bar says it: "Container" or "VM · TCG". */
+function isolation(sandbox: IKernelSandbox['sandbox']): string {
+  return sandbox.isolation === 'container'
+    ? 'Container'
+    : `VM · ${sandbox.accelerator.toUpperCase()}`;
+}
+
 /** The status item's text and tooltip for a kernel's sandbox. */
 function describe({ sandbox }: IKernelSandbox): [string, string] {
   const name = `Sandfork sandbox ${sandbox.id}`;
@@ -16,22 +23,22 @@ function describe({ sandbox }: IKernelSandbox): [string, string] {
     case 'hibernated':
       return [
         'Hibernated',
-        `${name} is hibernated: its VM is stopped, its memory and disk kept. ` +
+        `${name} is hibernated: it is stopped, its memory and disk kept. ` +
           'The next cell wakes it.'
       ];
     case 'waking':
-      return ['Waking…', `${name} is waking: its VM is starting again where it stopped.`];
+      return ['Waking…', `${name} is waking: it starts again where it stopped.`];
     default:
       return [
-        `${sandbox.accelerator.toUpperCase()} · ${formatMemory(sandbox.memory_mb)}`,
+        `${isolation(sandbox)} · ${formatMemory(sandbox.memory_mb)}`,
         `${name}: template ${sandbox.template}, ${sandbox.cpu} CPU, ` +
-          `${formatMemory(sandbox.memory_mb)}, ${sandbox.accelerator}, ${sandbox.status}`
+          `${formatMemory(sandbox.memory_mb)}, ${isolation(sandbox)}, ${sandbox.status}`
       ];
   }
 }
 
 /**
- * The status-bar item of the current Sandfork notebook: its sandbox's accelerator and
+ * The status-bar item of the current Sandfork notebook: its sandbox's isolation and
  * memory, or that it is hibernated or waking. It follows the current notebook, its kernel
  * and the server's events.
  */

@@ -27,6 +27,8 @@ export interface CreateOptions extends ClientOption {
   cpu?: number;
   metadata?: Record<string, string>;
   persistent?: boolean;
+  /** What runs it: "vm" or "container" (default: the engine's choice). */
+  backend?: "vm" | "container";
 }
 
 /** Options of `exec`. */
@@ -74,7 +76,7 @@ export function execBody(cmd: string, options: ExecOptions = {}): Record<string,
   return body;
 }
 
-/** A sandbox: a VM with a guest agent and Jupyter kernels inside. */
+/** A sandbox: a VM or a container with a guest agent and Jupyter kernels inside. */
 export class Sandbox {
   readonly files: Files = new Files(this);
   replay = new ReplayCache();
@@ -89,6 +91,8 @@ export class Sandbox {
     public metadata: Record<string, string>,
     readonly createdAt: string,
     readonly persistent: boolean,
+    /** What separates it from the host: "vm" or "container". */
+    readonly isolation: string,
   ) {}
 
   /** A `Sandbox` from the engine's JSON. */
@@ -103,6 +107,7 @@ export class Sandbox {
       { ...(data.metadata ?? {}) },
       data.created_at ?? "",
       Boolean(data.persistent),
+      data.isolation ?? "",
     );
   }
 
@@ -119,6 +124,7 @@ export class Sandbox {
     if (options.fromSnapshot !== undefined) body.from_snapshot = options.fromSnapshot;
     if (options.memoryMb !== undefined) body.memory_mb = options.memoryMb;
     if (options.cpu !== undefined) body.cpu = options.cpu;
+    if (options.backend !== undefined) body.backend = options.backend;
     if (options.metadata && Object.keys(options.metadata).length) body.metadata = options.metadata;
     return Sandbox.fromApi(client, await client.request("POST", "/sandboxes", { json: body }));
   }

@@ -111,7 +111,8 @@ class SandforkService:
         """The sandbox behind a Sandfork kernel (for the status bar)."""
         attached = attached_sandbox(self.kernels, kernel_id)
         sandbox = await self.call("GET", f"/sandboxes/{attached.sandbox_id}")
-        keep = ("id", "template", "status", "accelerator", "memory_mb", "cpu", "from_snapshot")
+        keep = ["id", "template", "status", "isolation", "accelerator", "memory_mb", "cpu"]
+        keep.append("from_snapshot")
         info = {k: sandbox.get(k) for k in keep} | {"metadata": sandbox.get("metadata", {})}
         checkpoints = attached.checkpoints
         return {

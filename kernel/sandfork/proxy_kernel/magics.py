@@ -168,11 +168,12 @@ def _snapshot_id(argument: str, sandbox: Sandbox) -> str:
 
 
 def describe(sandbox: Sandbox) -> str:
-    """``%sandbox``: id, template, accelerator, memory, CPUs and lineage."""
+    """``%sandbox``: id, template, isolation, accelerator, memory, CPUs and lineage."""
     data = sandbox.client.request("GET", f"/sandboxes/{sandbox.id}")
     lines = [
         f"id: {data['id']}",
         f"template: {data['template']}",
+        f"isolation: {data.get('isolation') or 'vm'}",
         f"accelerator: {data.get('accelerator') or 'unknown'}",
         f"memory: {data['memory_mb']} MiB",
         f"cpus: {data['cpu']}",

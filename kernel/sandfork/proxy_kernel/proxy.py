@@ -321,11 +321,13 @@ class KernelProxy:
 
     async def _cell_checkpoint(self, metadata: dict[str, str]) -> None:
         """Take a cell's checkpoint; after a long pause, go on in a sandbox restored from it
-        (the same state) when the sandbox is the kernel's own."""
+        (the same state) when the sandbox is the kernel's own VM (a container's capture
+        costs the same in a restored copy: moving would not help)."""
         sandbox = self.attachment.sandbox
         try:
             taken = await asyncio.to_thread(self.checkpoints.take, sandbox, metadata)
-            if self.attachment.leased and self.checkpoints.remaps(taken):
+            movable = self.attachment.leased and sandbox.isolation != "container"
+            if movable and self.checkpoints.remaps(taken):
                 restore = magics.restore_for_kernel
                 moved = await asyncio.to_thread(restore, taken.id, sandbox, self.controls)
                 await self._repoint(moved)

@@ -105,7 +105,7 @@ class Filesystem:
 
 @dataclass
 class Sandbox:
-    """A sandbox: a VM with a guest agent and Jupyter kernels inside."""
+    """A sandbox: a VM or a container with a guest agent and Jupyter kernels inside."""
 
     id: str
     template: str
@@ -113,6 +113,7 @@ class Sandbox:
     cpu: int
     memory_mb: int
     accelerator: str = ""
+    isolation: str = ""  # what separates it from the host: "vm" or "container"
     created_at: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
     persistent: bool = False
@@ -131,6 +132,7 @@ class Sandbox:
             cpu=data["cpu"],
             memory_mb=data["memory_mb"],
             accelerator=data.get("accelerator", ""),
+            isolation=data.get("isolation", ""),
             created_at=data.get("created_at", ""),
             metadata=data.get("metadata") or {},
             persistent=bool(data.get("persistent")),
@@ -151,6 +153,7 @@ class Sandbox:
         from_snapshot: str | None = None,
         lease_seconds: float | None = None,
         host_access: bool = False,
+        backend: str | None = None,
         client: Client | None = None,
     ) -> Sandbox:
         """Create a sandbox from ``template`` (built on first use) and wait until it answers.
@@ -160,7 +163,9 @@ class Sandbox:
         With ``lease_seconds``, the engine kills it unless :meth:`renew_lease` is called
         within that many seconds, again and again.
         ``host_access`` lets it reach the host's loopback and private networks (the engine
-        must allow it); otherwise it reaches only the engine's egress proxy.
+        must allow it); otherwise it reaches only the engine's egress proxy. ``backend``
+        (``"vm"`` or ``"container"``) picks what runs it; by default the engine chooses (a VM
+        where KVM works, else a container).
         """
         client = client or default_client()
         optional = {
@@ -170,6 +175,7 @@ class Sandbox:
             "cpu": cpu,
             "metadata": metadata or None,
             "lease_seconds": lease_seconds,
+            "backend": backend,
         }
         body: dict[str, Any] = {"template": template, "persistent": persistent}
         body |= {name: value for name, value in optional.items() if value is not None}

@@ -1,0 +1,299 @@
+"""Container sandboxes against VM sandboxes against a local Python, in one run (issue 20).
+
+Starts two engines (state in temporary folders; templates, CRIU and boot captures from the
+shared cache), one whose sandboxes are containers and one whose are VMs (TCG here), and
+measures, medians over ``--runs``:
+
+- **compute**: five pieces of work timed inside the sandbox's kernel (so the relay is not
+  counted), the same code in a local ``python`` beside them; the ratio to local;
+- **captures**, at each state size (distinct non-zero pages held by the kernel): snapshot
+  (and how long the sandbox was frozen), restore to the first ``run_code`` result, fork to
+  the child's first result, ``fork_tree(16)`` to every child's first result and the memory
+  the 16 idle children take (container: their control groups; VM: their QEMU processes'
+  PSS), and create from the template to the first result.
+
+A size whose 16 forks would not fit in this machine's memory is skipped with a line saying
+so. Writes ``docs/benchmarks/backends.{json,md,png}``.
+
+    .venv/bin/python benchmarks/bench_backends.py --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers.held import HELD
+from timing import clock
+
+from conftest import EngineProcess
+from sandfork.sdk import Client, Sandbox, Snapshot
+
+MIB = 2**20
+SIZES = {"100 MB": 100 * MIB, "1 GiB": 1024 * MIB, "2 GiB": 2048 * MIB}
+OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+BACKENDS = ("container", "vm")
+
+#: name -> (setup, timed): the timed part prints its own duration in seconds.
+WORK = {
+    "numpy 500x500 matmul x5": (
+        "import numpy as np; a = np.random.rand(500, 500)",
+        "for _ in range(5): a @ a",
+    ),
+    "python -c 'import pandas'": (
+        "import subprocess, sys",
+        "subprocess.run([sys.executable, '-c', 'import pandas'], check=True)",
+    ),
+    "pandas groupby-mean, 1e6 rows": (
+        "import numpy as np, pandas as pd\n"
+        "df = pd.DataFrame({'k': np.random.randint(0, 1000, 1_000_000),"
+        " 'v': np.random.rand(1_000_000)})",
+        "df.groupby('k').v.mean()",
+    ),
+    "sum(i*i for i in range(2_000_000))": ("", "sum(i * i for i in range(2_000_000))"),
+    "2,000 small files": (
+        "import os, tempfile; d = tempfile.mkdtemp()",
+        "for i in range(2000):\n"
+        "    with open(os.path.join(d, str(i)), 'w') as f: f.write('x' * 1024)\n"
+        "for i in range(2000):\n"
+        "    with open(os.path.join(d, str(i))) as f: f.read()",
+    ),
+}
+_TIMED = "import time as _t\n_s = _t.perf_counter()\n{body}\nprint(_t.perf_counter() - _s)"
+
+Rows = dict[str, list[float]]
+
+
+def _run(sandbox: Sandbox, code: str) -> str:
+    result = sandbox.create_code_context().run_code(code)
+    assert result.error is None, result.error
+    return result.stdout or result.text or ""
+
+
+def _local(setup: str, body: str, runs: int) -> list[float]:
+    script = f"{setup}\nfor _ in range({runs}):\n" + "\n".join(
+        "    " + line for line in _TIMED.format(body=body).splitlines()
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return [float(line) for line in out.stdout.split()]
+
+
+def compute(client: Client, runs: int) -> dict[str, list[float]]:
+    """Each piece of work, ``runs`` times, in one sandbox."""
+    sandbox = Sandbox.create(client=client)
+    rows: dict[str, list[float]] = {}
+    try:
+        for name, (setup, body) in WORK.items():
+            if setup:
+                _run(sandbox, setup)
+            rows[name] = [float(_run(sandbox, _TIMED.format(body=body))) for _ in range(runs)]
+    finally:
+        sandbox.kill()
+    return rows
+
+
+def _memory(engine: EngineProcess, backend: str, sandboxes: list[Sandbox]) -> float:
+    """MB the idle ``sandboxes`` take: container groups' charge, or QEMU processes' PSS."""
+    if backend == "vm":
+        total = 0
+        for sandbox in sandboxes:
+            rollup = Path(f"/proc/{engine.qemu_pid(sandbox.id)}/smaps_rollup").read_text()
+            total += sum(
+                int(line.split()[1]) * 1024
+                for line in rollup.splitlines()
+                if line.startswith("Pss:")
+            )
+        return total / 1e6
+    group = hashlib.sha256(str(engine.home.resolve()).encode()).hexdigest()[:12]
+    total = 0
+    for sandbox in sandboxes:
+        for name in ("memory.current", "memory.usage_in_bytes"):
+            for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")):
+                path = root / "sandfork" / group / f"{sandbox.id}" / name
+                if path.exists():
+                    total += int(path.read_text())
+    return total / 1e6
+
+
+def _fits(size: int, count: int) -> bool:
+    with open("/proc/meminfo") as f:
+        available = next(
+            int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable")
+        )
+    return (size + 300 * MIB) * count < available * 0.8
+
+
+def captures(engine: EngineProcess, backend: str, size: int, runs: int) -> Rows:
+    """Snapshot, restore, fork and fork_tree(16) of a sandbox holding ``size`` bytes."""
+    client = engine.client()
+    rows: Rows = {}
+
+    def add(name: str, value: float) -> None:
+        rows.setdefault(name, []).append(value)
+
+    memory_mb = max(1024, size // MIB + 768)
+    for _ in range(runs):
+        seconds, fresh = clock(lambda: _first(Sandbox.create(memory_mb=memory_mb, client=client)))
+        add("create to first result (s)", seconds)
+        fresh.kill()
+    parent = Sandbox.create(memory_mb=memory_mb, client=client)
+    try:
+        _run(parent, f"import numpy as np\nheld = {HELD.format(n=size)}\nint(held.size)")
+        for i in range(runs):
+            _run(parent, f"held ^= np.uint8({i + 1}); 1")
+            seconds, snap_id = clock(parent.snapshot)
+            snap = Snapshot.get(snap_id, client=client)
+            add("snapshot (s)", seconds)
+            add("snapshot: sandbox frozen (s)", snap.paused_ms / 1000)
+            add("snapshot: stored (MB)", snap.size_bytes / 1e6)
+            seconds, restored = clock(
+                lambda s=snap_id: _first(Sandbox.create(from_snapshot=s, client=client))
+            )  # type: ignore[misc]
+            add("restore to first result (s)", seconds)
+            restored.kill()
+            seconds, child = clock(lambda: _first(parent.fork()))
+            add("fork to child's first result (s)", seconds)
+            child.kill()
+            snap.delete()
+        if _fits(size, 16):
+            seconds, children = clock(lambda: [_first(c) for c in parent.fork_tree(16)])
+            add("fork_tree(16) to every first result (s)", seconds)
+            add("16 idle forks: memory (MB)", _memory(engine, backend, children))
+            for child in children:
+                child.kill()
+        else:
+            print(f"{backend} {size // MIB} MiB: fork_tree(16) skipped: 16 copies do not fit")
+    finally:
+        parent.kill()
+    return rows
+
+
+def _first(sandbox: Sandbox) -> Sandbox:
+    assert _run(sandbox, "1") == "1"
+    return sandbox
+
+
+def _medians(rows: Rows) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in rows.items()}
+
+
+def markdown(results: dict[str, object], runs: int) -> str:
+    """The figures as Markdown tables: compute with ratios, then captures per size."""
+    work = results["compute"]
+    assert isinstance(work, dict)
+    lines = [
+        f"| work (median of {runs}) | container | VM | local | container / local | VM / local |"
+    ]
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name in WORK:
+        c, v, local = (work.get(k, {}).get(name) for k in ("container", "vm", "local"))
+        ratios = ["" if x is None or not local else f"{x / local:.2f}x" for x in (c, v)]
+        cells = ["" if x is None else f"{x:.3f} s" for x in (c, v, local)]
+        lines.append(f"| {name} | " + " | ".join(cells + ratios) + " |")
+    tables = ["\n".join(lines)]
+    for backend in BACKENDS:
+        by_size = results.get(backend)
+        if not isinstance(by_size, dict):
+            continue
+        names = list(dict.fromkeys(n for r in by_size.values() for n in r))
+        sizes = list(by_size)
+        rows = [f"| {backend}, median of {runs} | " + " | ".join(sizes) + " |"]
+        rows.append("| --- |" + " ---: |" * len(sizes))
+        for name in names:
+            cells = [by_size[s].get(name) for s in sizes]
+            rows.append(
+                f"| {name} | " + " | ".join("" if c is None else f"{c:.3g}" for c in cells) + " |"
+            )
+        tables.append("\n".join(rows))
+    return "\n\n".join(tables) + "\n"
+
+
+def plot(results: dict[str, object], out: Path) -> None:
+    """Compute ratios, and each capture measure against state size for both backends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    work = results["compute"]
+    assert isinstance(work, dict)
+    measures = ["snapshot (s)", "restore to first result (s)", "fork to child's first result (s)",
+                "fork_tree(16) to every first result (s)"]  # fmt: skip
+    fig, axes = plt.subplots(1, 1 + len(measures), figsize=(5 * (1 + len(measures)), 4))
+    names = list(WORK)
+    for offset, backend in enumerate(b for b in BACKENDS if b in work):
+        ratios = [work[backend][n] / work["local"][n] for n in names]
+        axes[0].barh(
+            [i + 0.4 * offset for i in range(len(names))], ratios, height=0.4, label=backend
+        )
+    axes[0].set(title="compute: time / local Python", xscale="log", yticks=range(len(names)))
+    axes[0].set_yticklabels(names, fontsize=7)
+    axes[0].axvline(1.0, color="grey", lw=0.5)
+    axes[0].legend(fontsize=7)
+    for ax, measure in zip(axes[1:], measures, strict=True):
+        for backend in BACKENDS:
+            by_size = results.get(backend)
+            if not isinstance(by_size, dict):
+                continue
+            xs = [SIZES[s] / MIB for s in by_size if measure in by_size[s]]
+            ys = [by_size[s][measure] for s in by_size if measure in by_size[s]]
+            ax.plot(xs, ys, "o-", label=backend)
+        ax.set(title=measure, xlabel="kernel state (MiB)", xscale="log", yscale="log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--backends", nargs="*", default=list(BACKENDS), choices=list(BACKENDS))
+    args = parser.parse_args()
+    results: dict[str, object] = {"runs": args.runs}
+    work: dict[str, dict[str, float]] = {"local": {}}
+    for name, (setup, body) in WORK.items():
+        work["local"][name] = statistics.median(_local(setup, body, args.runs))
+    engines = {
+        b: EngineProcess(
+            Path(tempfile.mkdtemp(prefix=f"sandfork-bench-{b}-")), f"--EngineConfig.backend={b}"
+        )
+        for b in args.backends
+    }
+    try:
+        for backend, engine in engines.items():
+            engine.start()
+            work[backend] = _medians(compute(engine.client(), args.runs))
+            print(backend, "compute", work[backend], flush=True)
+        results["compute"] = work
+        for label in args.sizes:
+            for backend, engine in engines.items():
+                by_size = results.setdefault(backend, {})
+                assert isinstance(by_size, dict)
+                by_size[label] = _medians(captures(engine, backend, SIZES[label], args.runs))
+                print(backend, label, by_size[label], flush=True)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "backends.json").write_text(json.dumps(results, indent=1))
+    text = markdown(results, args.runs)
+    (OUT / "backends.md").write_text(text)
+    plot(results, OUT / "backends.png")
+    print(text)
+    print(f"wrote {OUT / 'backends.json'}, .md and .png (load average {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()

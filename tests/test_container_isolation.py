@@ -1,0 +1,270 @@
+"""Probes from inside a container sandbox: what it must not see, reach or do (issue 20).
+
+Every probe runs in a real container sandbox of a real engine (CRIU, namespaces, cgroups,
+seccomp), as the sandbox's root user would try it. Nothing here sends traffic beyond this
+machine: the sandbox's network namespace has only its own loopback, and the host addresses
+tried are this machine's own.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import EngineProcess
+from sandfork.sdk import Client, Sandbox, SandboxTimeout
+
+pytestmark = pytest.mark.container
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator[EngineProcess]:
+    """An engine whose sandboxes are containers (skips, saying why, where they cannot run)."""
+    from sandfork.backends.container.backend import unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"container sandboxes cannot run here: {reason}")
+    proc = EngineProcess(
+        tmp_path_factory.mktemp("sandfork-containers"), "--EngineConfig.backend=container"
+    )
+    proc.start()
+    yield proc
+    proc.close()
+
+
+@pytest.fixture(scope="module")
+def client(engine: EngineProcess) -> Client:
+    return engine.client()
+
+
+@pytest.fixture(scope="module")
+def sandbox(client: Client) -> Iterator[Sandbox]:
+    box = Sandbox.create(client=client)
+    try:
+        yield box
+    finally:
+        box.kill()
+
+
+@pytest.fixture(scope="module")
+def neighbour(client: Client) -> Iterator[Sandbox]:
+    box = Sandbox.create(client=client)
+    try:
+        yield box
+    finally:
+        box.kill()
+
+
+def _python(sandbox: Sandbox, code: str, timeout: float = 60) -> str:
+    """Run ``code`` with the sandbox's Python; its stdout (it must exit 0)."""
+    result = sandbox.exec(f"python3 - <<'EOF'\n{code}\nEOF", timeout_seconds=timeout)
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+def test_the_sandbox_says_it_is_a_container(client: Client, sandbox: Sandbox) -> None:
+    info = client.request("GET", f"/sandboxes/{sandbox.id}")
+    assert info["isolation"] == "container"
+    assert info["backend"] == "container"
+    assert info["accelerator"] == "native"
+
+
+def test_a_secret_file_of_the_host_is_unreadable(sandbox: Sandbox) -> None:
+    secret = Path("/root") / f"sandfork-secret-{secrets.token_hex(4)}"
+    secret.write_text("host secret")
+    secret.chmod(0o600)
+    try:
+        probe = (
+            "import glob\n"
+            f"paths = ['{secret}', '/proc/1/root{secret}'] + glob.glob('/proc/*/root{secret}')\n"
+            "for p in paths:\n"
+            "    try:\n"
+            "        print('READ', p, open(p).read())\n"
+            "    except OSError as e:\n"
+            "        print('refused', p, type(e).__name__)\n"
+        )
+        out = _python(sandbox, probe)
+        assert "READ" not in out and "host secret" not in out, out
+        assert out.count("refused") >= 2, out
+    finally:
+        secret.unlink()
+
+
+def test_host_processes_are_invisible(sandbox: Sandbox, engine: EngineProcess) -> None:
+    assert engine.process is not None
+    host_pid = engine.process.pid
+    probe = (
+        "import os, signal\n"
+        "pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
+        "names = sorted({open(f'/proc/{p}/comm').read().strip() for p in pids})\n"
+        "print('PIDS', len(pids))\n"
+        "print('NAMES', ','.join(names))\n"
+        "try:\n"
+        f"    os.kill({host_pid}, 0)\n"
+        "    print('SIGNAL reached')\n"
+        "except ProcessLookupError:\n"
+        "    print('SIGNAL no such process')\n"
+    )
+    out = _python(sandbox, probe)
+    names = set(out.split("NAMES ")[1].split()[0].split(","))
+    assert names <= {"tini", "python", "python3", "sh"}, f"the sandbox sees {names}"
+    assert "SIGNAL no such process" in out, out
+    count = int(out.split("PIDS ")[1].split()[0])
+    assert count < 20, f"the sandbox sees {count} processes: {out}"
+
+
+class _Listener:
+    """A TCP listener on one of this machine's addresses that records who connected."""
+
+    def __init__(self, address: str) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((address, 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _own_addresses() -> list[str]:
+    """This machine's own IPv4 addresses (loopback included)."""
+    import psutil
+
+    found = {"127.0.0.1"}
+    for addresses in psutil.net_if_addrs().values():
+        found |= {a.address for a in addresses if a.family == socket.AF_INET}
+    return sorted(found)
+
+
+def test_the_host_the_engine_and_other_sandboxes_are_unreachable(
+    sandbox: Sandbox, neighbour: Sandbox, engine: EngineProcess
+) -> None:
+    listeners = [_Listener(address) for address in _own_addresses()]
+    try:
+        neighbour.exec(
+            "nohup python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &", check=True
+        )
+        engine_port = int(engine.url.rsplit(":", 1)[1])
+        targets = [(listener.sock.getsockname()[0], listener.port) for listener in listeners]
+        targets += [("127.0.0.1", engine_port), ("127.0.0.1", 8123)]
+        probe = (
+            "import socket\n"
+            f"for host, port in {targets!r}:\n"
+            "    s = socket.socket()\n"
+            "    s.settimeout(5)\n"
+            "    try:\n"
+            "        s.connect((host, port))\n"
+            "        print('CONNECTED', host, port)\n"
+            "    except OSError as e:\n"
+            "        print('refused', host, port, e.errno)\n"
+        )
+        out = _python(sandbox, probe)
+        assert "CONNECTED" not in out, out
+        assert all(listener.accepted == 0 for listener in listeners)
+        served = neighbour.exec(
+            "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8123/').status)\""
+        )
+        assert served.stdout.strip() == "200", "the neighbour's own server must work for it"
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+_SYSCALLS = {  # x86-64 numbers: what a sandbox must not be able to do
+    "mount": "ctypes.CDLL(None, use_errno=True).mount(b'x', b'/mnt', b'tmpfs', 0, None)",
+    "unshare": "ctypes.CDLL(None, use_errno=True).unshare(0x10000000)",
+    "bpf": "ctypes.CDLL(None, use_errno=True).syscall(321, 0, 0, 0)",
+    "keyctl": "ctypes.CDLL(None, use_errno=True).syscall(250, 0, 0, 0, 0, 0)",
+    "init_module": "ctypes.CDLL(None, use_errno=True).syscall(175, 0, 0, b'')",
+    "finit_module": "ctypes.CDLL(None, use_errno=True).syscall(313, 0, b'', 0)",
+    "setns": "ctypes.CDLL(None, use_errno=True).setns(os.open('/proc/1/ns/net', 0), 0)",
+}
+
+
+@pytest.mark.parametrize("call", sorted(_SYSCALLS))
+def test_reaching_beyond_the_sandbox_is_refused(sandbox: Sandbox, call: str) -> None:
+    probe = f"import ctypes, os\nr = {_SYSCALLS[call]}\nprint('RESULT', r, ctypes.get_errno())\n"
+    out = _python(sandbox, probe)
+    result, errno = out.split("RESULT ")[1].split()[:2]
+    assert result == "-1", f"{call} succeeded: {out}"
+    assert int(errno) in (1, 9, 13, 38), f"{call}: unexpected errno {errno}"  # EPERM, EBADF..
+
+
+def test_ptrace_of_a_host_process_is_refused(sandbox: Sandbox, engine: EngineProcess) -> None:
+    assert engine.process is not None
+    probe = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"r = libc.ptrace(16, {engine.process.pid}, 0, 0)\n"  # PTRACE_ATTACH
+        "print('RESULT', r, ctypes.get_errno())\n"
+    )
+    out = _python(sandbox, probe)
+    result, errno = out.split("RESULT ")[1].split()[:2]
+    assert result == "-1" and int(errno) in (1, 3), out  # EPERM or ESRCH: never attached
+
+
+def test_no_capabilities_no_new_privileges_and_a_seccomp_filter(sandbox: Sandbox) -> None:
+    status = sandbox.exec("cat /proc/self/status", check=True).stdout
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[cap].strip(), 16) == 0, f"{cap} = {fields[cap].strip()}"
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert fields["Seccomp"].strip() == "2"
+
+
+def test_a_fork_bomb_and_a_huge_allocation_are_stopped(
+    sandbox: Sandbox, neighbour: Sandbox, engine: EngineProcess
+) -> None:
+    results: dict[str, object] = {}
+
+    def bomb() -> None:
+        try:
+            sandbox.exec(
+                "python3 -c 'import os\nwhile True:\n    try: os.fork()\n    except OSError: pass'",
+                timeout_seconds=10,
+            )
+        except SandboxTimeout as e:
+            results["bomb"] = e
+
+    thread = threading.Thread(target=bomb)
+    thread.start()
+    try:
+        # Meanwhile the engine and another sandbox answer.
+        assert neighbour.create_code_context().run_code("6 * 7").text == "42"
+        assert engine.client().request("GET", "/health")["status"] == "ok"
+    finally:
+        thread.join(120)
+    assert isinstance(results.get("bomb"), SandboxTimeout), (
+        "the bomb must be stopped at its timeout"
+    )
+    huge = sandbox.exec(
+        "python3 -c 'a = bytearray(30 * 2**30); print(len(a))'", timeout_seconds=120
+    )
+    assert huge.exit_code != 0, "a 30 GB allocation must fail or be killed"
+    touched = sandbox.exec(
+        "python3 -c 'a = bytearray(8 * 2**30)\nfor i in range(0, len(a), 4096): a[i] = 1'",
+        timeout_seconds=300,
+    )
+    assert touched.exit_code != 0, "touching more than the sandbox's memory must be stopped"
+    # The sandbox itself answers again; no process of the bomb is left.
+    assert sandbox.exec("echo ok", check=True).stdout.strip() == "ok"
+    left = sandbox.exec("ps -e -o comm= | grep -cx python3 || true").stdout.strip()
+    assert int(left or 0) == 0, f"processes of the bomb are left: {left}"
