@@ -146,6 +146,7 @@ class Backend(Protocol):
     name: str
     memory_suffix: str | None  # how memory layers' names end (None: it makes none)
     captures_in_memory: bool  # whether a fork's short-lived capture may live in RAM
+    shares_memory: bool  # whether sandboxes restored from one capture share its pages
 
     @property
     def images(self) -> DiskImages:

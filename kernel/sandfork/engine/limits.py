@@ -67,6 +67,20 @@ class Limits:
             )
         self.check_disk(estimate)
 
+    @staticmethod
+    def check_host_memory(needed: int, what: str) -> None:
+        """Refuse to start sandboxes that will take ``needed`` bytes of the host's memory at
+        once (copies that share no pages) when the host has not that much available."""
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+        if needed + 256 * _MIB > available:
+            raise LimitExceeded(
+                f"{what} need about {needed // _MIB} MiB of the host's memory, which has "
+                f"{available // _MIB} MiB available (container copies share no pages; kill "
+                "some sandboxes, or use the vm backend)"
+            )
+
     def check_disk(self, estimate: int) -> None:
         """Refuse a capture of about ``estimate`` bytes (a fork's, say) past the free disk."""
         self._check_free(self.snapshots_dir, estimate, "the snapshot store")

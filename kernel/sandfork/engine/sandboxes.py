@@ -220,8 +220,10 @@ class SandboxService:
         """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
         with self.store.in_use(snapshot_id) as snap:
             capture = self.store.capture(snap)
-            self.backends.choose(capture.spec.backend, host_access=host_access)
+            backend = self.backends.choose(capture.spec.backend, host_access=host_access)
             self.check_room(1, capture.spec.memory_mb)
+            if not backend.shares_memory:
+                self.limits.check_host_memory(snap.size_bytes, f"restoring {snap.id} would")
             record = await self._start(
                 snap.template,
                 capture,

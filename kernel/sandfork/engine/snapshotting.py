@@ -222,6 +222,9 @@ class SnapshotService:
         """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
         parent = self.sandboxes.get(sandbox_id)
         self.sandboxes.check_room(count, parent.memory_mb)
+        if not self.backends.of(parent).shares_memory:
+            used = self.sandboxes.live(sandbox_id).instance.memory_bytes()
+            self.limits.check_host_memory(count * used, f"{count} copies of sandbox {sandbox_id}")
         snap = await self.snapshot(sandbox_id, hidden=True)
         crash_point("fork.captured")
         try:

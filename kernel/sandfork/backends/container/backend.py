@@ -112,6 +112,7 @@ class ContainerBackend:
     images = OverlayLayers()
     memory_suffix: str | None = None
     captures_in_memory = False  # restores link the image files: they must be on disk
+    shares_memory = False  # CRIU copies every page into each restored sandbox
 
     def __init__(self, ram_dir: Path, state_dir: Path, boot_timeout: float = 60.0) -> None:
         self.ram_dir = ram_dir

@@ -38,6 +38,7 @@ class VmBackend:
     images = Qcow2Images()
     memory_suffix: str | None = ".mem"
     captures_in_memory = True  # a fork's device state is small; its memory is a layer
+    shares_memory = True  # copies map one image copy-on-write
 
     def __init__(
         self,
