@@ -24,7 +24,7 @@ from conftest import EngineProcess
 
 HEADER_TIMEOUT = 1.0
 IDLE_TIMEOUT = 1.0
-BODY_SLACK = 1.0
+BODY_SLACK = 4.0  # long enough that a loaded machine's pause before a body's first byte fits
 MIN_RATE = 1000  # bytes per second
 GIVE_UP = 120.0  # seconds: a connection still open then was never going to close
 SLOW_CLIENTS = 20
@@ -50,7 +50,7 @@ def header_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePr
 
 @pytest.fixture
 def quick_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    """Short idle timeout and body slack, a body rate of 1000 bytes per second."""
+    """A short idle timeout, a body rate of 1000 bytes per second after a short slack."""
     yield from _engine(
         tmp_path_factory,
         f"--EngineConfig.idle_timeout={IDLE_TIMEOUT}",
@@ -117,12 +117,10 @@ def test_a_client_trickling_its_headers_is_disconnected(header_engine: EnginePro
     assert engine.get("/v1/health").status_code == 200
     baseline = _fds(engine)
     slow = [_connect(engine) for _ in range(SLOW_CLIENTS)]
-    for sock in slow:
-        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: engine\r\n")
     # Meanwhile another client is served.
     health = engine.get("/v1/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
-    answers = _trickle(slow, b"X-Slow: yes")
+    answers = _trickle(slow, b"GET /v1/health HTTP/1.1\r\nHost: engine\r\nX-Slow: " + b"y" * 10**5)
     assert set(answers.values()) == {b""}  # closed, without an answer
     for sock in slow:
         sock.close()
@@ -137,11 +135,10 @@ def test_a_kept_alive_connection_is_served_then_closed_when_idle(
     host, port = engine.url.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     try:
-        for _ in range(3):  # requests in quick succession share the connection
-            conn.request("GET", "/v1/health", headers=engine.auth)
-            response = conn.getresponse()
-            assert response.status == 200 and json.loads(response.read())["status"] == "ok"
-        assert conn.sock is not None
+        conn.request("GET", "/v1/health", headers=engine.auth)
+        response = conn.getresponse()
+        assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+        assert conn.sock is not None and response.getheader("Connection") != "close"
         assert _read_to_close(conn.sock) == b""  # then, idle, it is closed
     finally:
         conn.close()
@@ -173,7 +170,7 @@ def test_a_body_that_keeps_coming_is_not_cut(quick_engine: EngineProcess) -> Non
     def pieces() -> Iterator[bytes]:
         for _ in range(8):
             yield chunk
-            time.sleep(BODY_SLACK / 2)  # a slow client, not a wait for the engine
+            time.sleep(BODY_SLACK / 5)  # a slow client, not a wait for the engine
 
     started = time.monotonic()
     response = requests.put(
@@ -183,5 +180,5 @@ def test_a_body_that_keeps_coming_is_not_cut(quick_engine: EngineProcess) -> Non
         headers=engine.auth,
         timeout=GIVE_UP,
     )
-    assert time.monotonic() - started > 3 * BODY_SLACK  # else it proves nothing
+    assert time.monotonic() - started > BODY_SLACK  # else it proves nothing
     assert response.status_code == 404 and "sbx_0123456789abcdef" in response.json()["error"]
