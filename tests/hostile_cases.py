@@ -66,6 +66,10 @@ CASES: dict[str, Case] = {
     "nested-2000-closed": _bad_create(_nested(2000), "nests deeper"),
     "nested-33": _bad_create(_nested(33), "nests deeper than 32"),
     "nested-objects-40": _bad_create('{"a":' * 40 + "1" + "}" * 40, "nests deeper"),
+    "duplicate-key": _bad_create('{"cpu": 1, "cpu": 2}', "the key 'cpu' appears twice"),
+    "duplicate-key-nested": _bad_create(
+        '{"metadata": {"k": "a", "k": "b"}}', "the key 'k' appears twice"
+    ),
     "template-int": _bad_create({"template": 5}, "'template' must be of type str"),
     "template-list": _bad_create({"template": ["a"]}, "'template' must be of type str"),
     "template-path": _bad_create({"template": "/etc/passwd"}, "bad template name"),
@@ -131,6 +135,7 @@ CASES: dict[str, Case] = {
     "exec-timeout-bool": _exec({"cmd": "true", "timeout_seconds": True}, "not a boolean"),
     "exec-body-array": _exec([], "must be a JSON object"),
     "exec-body-2mib": _exec({"cmd": "x" * (2 * MIB)}, "endpoint's limit", 413),
+    "exec-duplicate-cmd": _exec('{"cmd": "true", "cmd": "rm -rf /"}', "'cmd' appears twice"),
     "exec-nested": _exec('{"cmd": "true", "env": ' + "[" * 50 + "]" * 50 + "}", "nests deeper"),
     "exec-stream-nul-cmd": _exec({"cmd": "a\x00"}, "NUL", path="exec/stream"),
     "exec-stream-env-equals": _exec(
@@ -181,6 +186,7 @@ CASES: dict[str, Case] = {
     "run-nan-timeout": _run('{"code": "1", "timeout_seconds": NaN}', "not valid JSON"),
     "run-unknown-context": _run({"code": "1"}, "no code context", 404, context="nope"),
     "run-long-context": _run({"code": "1"}, "no such endpoint", 404, context="c" * 65),
+    "run-duplicate-code": _run('{"code": "1", "code": "2"}', "the key 'code' appears twice"),
     "run-body-2mib": _run({"code": "#" * (2 * MIB)}, "endpoint's limit", 413),
     "interrupt-bad-body": Case(
         "POST", "/v1/sandboxes/{sbx}/repl/sessions/default/interrupt", "[1]", 400, "JSON object"
@@ -197,6 +203,15 @@ CASES: dict[str, Case] = {
     "snapshot-name-long": _snap({"name": "n" * 201}, "longer than 200"),
     "snapshot-name-newline": _snap({"name": "a\nb"}, "printable"),
     "snapshot-name-surrogate": _snap('{"name": "\\udfff"}', "lone surrogate"),
+    "snapshot-name-rlo": _snap({"name": "invoice\u202egpj.exe"}, "U+202E RIGHT-TO-LEFT OVERRIDE"),
+    "snapshot-name-isolate": _snap({"name": "\u2066x\u2069"}, "U+2066 LEFT-TO-RIGHT ISOLATE"),
+    "snapshot-name-rlm": _snap({"name": "a\u200fb"}, "U+200F RIGHT-TO-LEFT MARK"),
+    "snapshot-name-zero-width": _snap({"name": "a\u200bb"}, "U+200B ZERO WIDTH SPACE"),
+    "snapshot-name-line-separator": _snap({"name": "a\u2028b"}, "U+2028 LINE SEPARATOR"),
+    "snapshot-name-tag": _snap({"name": "x\U000e0041"}, "U+E0041 TAG LATIN CAPITAL LETTER A"),
+    "snapshot-name-blank": _snap({"name": "   "}, "not only spaces"),
+    "snapshot-name-wide-blank": _snap({"name": "\u00a0\u3000"}, "not only spaces"),
+    "snapshot-name-twice": _snap('{"name": "a", "name": "b"}', "the key 'name' appears twice"),
     "snapshot-metadata-many": _snap({"metadata": _MANY}, "more than 64 keys", 413),
     "snapshot-attachments-string": _snap({"attachments": "x"}, "must be of type dict"),
     "snapshot-attachment-traversal": _snap({"attachments": {"../x": "a"}}, "attachment name"),
@@ -211,7 +226,11 @@ CASES: dict[str, Case] = {
     "fork-tree-bool": _snap({"count": True}, "not a boolean", path="fork-tree"),
     "checkpoint-name-int": _snap({"name": 5}, "must be of type str", path="checkpoints"),
     "resume-name-nul": _snap({"name": "a\x00"}, "NUL", path="resume"),
+    "checkpoint-name-rlo": _snap({"name": "x\u202e"}, "U+202E", path="checkpoints"),
+    "resume-name-blank": _snap({"name": " "}, "not only spaces", path="resume"),
     "rename-empty": Case("PATCH", f"/v1/snapshots/{SNAP}", {"name": ""}, 400, "printable"),
+    "rename-rlo": Case("PATCH", f"/v1/snapshots/{SNAP}", {"name": "a\u202e"}, 400, "U+202E"),
+    "rename-blank": Case("PATCH", f"/v1/snapshots/{SNAP}", {"name": "\u3000"}, 400, "only spaces"),
     "rename-no-name": Case("PATCH", f"/v1/snapshots/{SNAP}", {}, 400, "'name' is required"),
     "rename-unknown": Case("PATCH", f"/v1/snapshots/{SNAP}", {"name": "n"}, 404, SNAP),
     "snapshot-unknown": Case("GET", f"/v1/snapshots/{SNAP}", None, 404, SNAP),
@@ -252,6 +271,13 @@ CASES: dict[str, Case] = {
     "key-empty-bearer": Case(
         "GET", "/v1/health", None, 401, "API key", {"Authorization": "Bearer"}
     ),
+    "key-wrong-with-a-body": Case(
+        "POST", "/v1/sandboxes", b"x" * 300_000, 401, "API key", {"X-API-Key": "wrong"}
+    ),
+    "key-wrong-chunked-body": Case(
+        "PUT", "/v1/sandboxes/{sbx}/fs?path=/x", (b"x" * MIB,) * 3, 401, "API key"
+    ),
+    "key-wrong-import": Case("POST", "/v1/snapshots/import", b"\0" * MIB, 401, "API key"),
     "content-type-ignored": Case(
         "POST", "/v1/sandboxes", "{bad", 400, "JSON", {"Content-Type": "text/plain"}
     ),

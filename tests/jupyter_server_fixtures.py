@@ -69,7 +69,7 @@ async def call(
 ) -> tuple[int, Any]:
     """(status, decoded JSON body) of a request, errors included."""
     if body is not None:
-        kwargs["body"] = body if isinstance(body, str) else json.dumps(body)
+        kwargs["body"] = body if isinstance(body, str | bytes) else json.dumps(body)
     elif method in ("POST", "PATCH"):
         kwargs["body"] = "{}"
     kwargs.setdefault("request_timeout", 300)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+from collections import Counter
 from typing import Any, cast
 
 import pytest
@@ -16,6 +18,8 @@ from tornado.websocket import websocket_connect
 from conftest import EngineProcess
 from sandfork.engine.app import make_app
 from sandfork.engine.config import EngineConfig
+from sandfork.engine.handlers.base import API_KEY_REQUIRED
+from sandfork.protocol import check_snapshot_name
 
 
 def _call(engine: EngineProcess, method: str, path: str, **kwargs: object) -> requests.Response:
@@ -119,6 +123,8 @@ def test_key_file_is_private(engine: EngineProcess) -> None:
         (b'{"memory_mb": 1}', "memory_mb must be between"),
         (b'{"cpu": 99}', "cpu must be between"),
         (b'{"metadata": {"a": 1}}', "metadata must map strings"),
+        (b'{"cpu": 1, "cpu": 2}', "the key 'cpu' appears twice"),
+        (b'{"metadata": {"a": "1", "b": "2", "a": "3"}}', "the key 'a' appears twice"),
     ],
 )
 def test_bad_create_requests_are_400(engine: EngineProcess, body: bytes, message: str) -> None:
@@ -143,6 +149,99 @@ def test_unknown_things_are_404(engine: EngineProcess, method: str, path: str) -
     response = _call(engine, method, path, json={"cmd": "true", "code": "1"})
     assert response.status_code == 404
     assert response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("before\u202eledom", "U+202E RIGHT-TO-LEFT OVERRIDE at position 6"),
+        ("\u2066x\u2069", "U+2066 LEFT-TO-RIGHT ISOLATE"),
+        ("a\u200fb", "U+200F RIGHT-TO-LEFT MARK"),
+        ("a\u061cb", "U+061C ARABIC LETTER MARK"),
+        ("zero\u200bwidth", "U+200B ZERO WIDTH SPACE"),
+        ("\ufeffbom", "U+FEFF ZERO WIDTH NO-BREAK SPACE"),
+        ("tag\U000e0041", "U+E0041 TAG LATIN CAPITAL LETTER A"),
+        ("line\u2028break", "U+2028 LINE SEPARATOR"),
+        ("tab\there", "U+0009"),
+        ("   ", "not only spaces"),
+        ("\u3000\u00a0", "not only spaces"),
+        ("\u200d", "not only spaces"),
+    ],
+)
+def test_a_snapshot_name_is_printable_text_without_bidi_controls(
+    engine: EngineProcess, name: str, message: str
+) -> None:
+    # Checked before the snapshot is looked up: no snapshot (nor VM) is needed.
+    response = _call(engine, "PATCH", "/v1/snapshots/snap_0123456789abcdef", json={"name": name})
+    assert response.status_code == 400, response.text
+    assert "printable" in response.json()["error"] and message in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "name", ["before model", "模型之前", "\u05e9\u05dd", "🧑\u200d💻 run", "\ue000 icon", "\u3000x"]
+)
+def test_names_of_any_script_and_emoji_are_accepted(name: str) -> None:
+    assert check_snapshot_name(name) == name
+
+
+def test_a_wrong_key_is_answered_401_on_every_request_of_a_kept_alive_session(
+    engine: EngineProcess,
+) -> None:
+    """A 401 used to be answered before the body was read: tornado then closed the
+    connection unannounced, and a client still sending, or reusing the connection, got a
+    reset ("unreachable") instead, about one request in ten."""
+    wrong = {"Authorization": "Bearer wrong"}
+    requests_made: list[tuple[str, str, Any]] = [
+        ("GET", "/v1/sandboxes", None),
+        ("POST", "/v1/sandboxes", None),
+        ("POST", "/v1/sandboxes", b'{"template": "code-interpreter"}'),
+        ("POST", "/v1/sandboxes", b"x" * 300_000),  # still being sent when refused
+        ("POST", "/v1/sandboxes", (b'{"a": ', b"1}")),  # chunked
+        ("PUT", "/v1/sandboxes/sbx_0123456789abcdef/fs?path=/x", b"\0" * 100_000),
+        ("POST", "/v1/snapshots/import", b"\0" * 100_000),
+        ("DELETE", "/v1/sandboxes/sbx_0123456789abcdef", None),
+        ("GET", "/v1/nowhere", b"body on a GET"),
+    ]
+    answers: Counter[int | str] = Counter()
+    with requests.Session() as session:
+        for _ in range(60):
+            for method, path, body in requests_made:
+                data = iter(body) if isinstance(body, tuple) else body
+                try:
+                    response = session.request(
+                        method, engine.url + path, data=data, headers=wrong, timeout=60
+                    )
+                except requests.ConnectionError as e:
+                    answers[f"{method} {path}: {type(e).__name__}"] += 1
+                    continue
+                assert response.json()["error"] == API_KEY_REQUIRED, response.text
+                answers[response.status_code] += 1
+    assert answers == {401: 60 * len(requests_made)}
+
+
+def test_a_refusal_keeps_the_connection_alive(engine: EngineProcess) -> None:
+    """The same socket serves every refused request (no reconnecting behind the test's back,
+    as a pooled client would), and then a good one."""
+    host, port = engine.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.connect()
+        sock = conn.sock
+        for i in range(100):
+            body = b'{"memory_mb": ' + str(i).encode() + b"}"
+            conn.request("POST", "/v1/sandboxes", body=body, headers={"X-API-Key": "wrong"})
+            response = conn.getresponse()
+            assert response.status == 401 and json.loads(response.read())["error"]
+            assert response.getheader("Connection") != "close"
+        conn.request("GET", "/v1/nowhere", headers=engine.auth)  # a 404 from prepare, too
+        response = conn.getresponse()
+        assert response.status == 404 and "no such endpoint" in json.loads(response.read())["error"]
+        conn.request("GET", "/v1/health", headers=engine.auth)
+        response = conn.getresponse()
+        assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+        assert conn.sock is sock
+    finally:
+        conn.close()
 
 
 def test_engine_is_healthy_after_bad_input(engine: EngineProcess) -> None:

@@ -80,19 +80,21 @@ def test_a_200_mb_metadata_body_is_refused_quickly(engine: EngineProcess) -> Non
     assert len(listed.content) < MIB
 
 
+@pytest.mark.parametrize(("key", "status", "message"), [(True, 413, "limit"), (False, 401, "key")])
 def test_a_body_declared_too_large_to_read_is_refused_before_it_is_sent(
-    engine: EngineProcess,
+    engine: EngineProcess, key: bool, status: int, message: str
 ) -> None:
+    """Refused at once, and the client told the connection closes (it is not drained)."""
     host, port = engine.url.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
         conn.putrequest("POST", "/v1/sandboxes")
-        conn.putheader("Authorization", engine.auth["Authorization"])
+        conn.putheader("Authorization", engine.auth["Authorization"] if key else "Bearer no")
         conn.putheader("Content-Length", str(2**40))
         conn.endheaders()
         response = conn.getresponse()
-        assert response.status == 413
-        assert "limit" in json.loads(response.read())["error"]
+        assert response.status == status and response.getheader("Connection") == "close"
+        assert message in json.loads(response.read())["error"]
     finally:
         conn.close()
 

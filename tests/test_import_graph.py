@@ -13,6 +13,7 @@ import sandfork
 PACKAGE = Path(sandfork.__file__).parent
 CLIENTS = ("sdk", "proxy_kernel", "jupyter", "client")
 ENGINE_INTERNALS = ("sandfork.engine", "sandfork.backends", "sandfork.templates")
+SHARED = ("protocol.py", "paths.py", "strict_json.py")  # what clients and the engine share
 
 
 def imported_modules(path: Path, package: str | None = None) -> list[tuple[int, str]]:
@@ -44,7 +45,7 @@ def is_internal(module: str) -> bool:
 def client_modules() -> list[Path]:
     """Every module of the client packages, and the shared ones they use."""
     paths = [p for name in CLIENTS for p in sorted((PACKAGE / name).rglob("*.py"))]
-    return [*paths, PACKAGE / "protocol.py", PACKAGE / "paths.py"]
+    return [*paths, *(PACKAGE / name for name in SHARED)]
 
 
 @pytest.mark.parametrize("path", client_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -68,6 +69,7 @@ def test_the_check_sees_every_kind_of_import(tmp_path: Path) -> None:
     assert flagged == {1, 2, 3, 4, 7}
 
 
-def test_protocol_imports_nothing_of_sandfork() -> None:
-    names = [name for _, name in imported_modules(PACKAGE / "protocol.py")]
+@pytest.mark.parametrize("module", ["protocol.py", "strict_json.py"])
+def test_the_shared_rules_import_nothing_of_sandfork(module: str) -> None:
+    names = [name for _, name in imported_modules(PACKAGE / module)]
     assert not [n for n in names if n.startswith("sandfork")], names

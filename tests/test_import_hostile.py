@@ -307,8 +307,11 @@ def test_manifest_schema(
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        (b"not json", r"not JSON"),
-        (b'{"format": 1, "format": 2}', r"a field appears twice"),
+        (b"not json", r"not valid JSON"),
+        (b'{"format": 1, "format": 2}', r"the key 'format' appears twice"),
+        (b'{"format": NaN}', r"NaN is not a JSON number"),
+        (b"[" * 100_000, r"nests deeper than 32"),
+        (b'{"a":' * 40 + b"1" + b"}" * 40, r"nests deeper than 32"),
         (b'{"format": "\\ud800"}', r"lone surrogates"),
         (b"[]", r"the manifest must be an object"),
         (b" " * (2 * MIB), r"manifest is too large"),

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 
 from conftest import EngineProcess
 from jupyter_server_fixtures import (  # noqa: F401 (fixtures, found by name)
@@ -24,25 +28,44 @@ from jupyter_server_fixtures import (  # noqa: F401 (fixtures, found by name)
     start_session,
     wait_step,
 )
+from sandfork.jupyter.handlers import HANDLERS
 from sandfork.sdk import Sandbox
 
-ENDPOINTS = [
-    ("GET", "sandfork/api/kernels/k1", None),
-    ("GET", "sandfork/api/snapshots", None),
-    ("POST", "sandfork/api/snapshots", {}),
-    ("PATCH", "sandfork/api/snapshots/snap_0123456789abcdef", {"name": "n"}),
-    ("DELETE", "sandfork/api/snapshots/snap_0123456789abcdef", None),
-    ("POST", "sandfork/api/snapshots/snap_0123456789abcdef/restore", {}),
-    ("POST", "sandfork/api/forks", {}),
-    ("GET", "sandfork/api/operations/op1", None),
-    ("GET", "sandfork/api/config", None),
-    ("GET", "sandfork/api/snapshots/snap_0123456789abcdef/inventory", None),
-    ("GET", "sandfork/api/snapshots/snap_0123456789abcdef/diff/snap_0123456789abcdef", None),
+SNAP = "snap_0123456789abcdef"
+# Every endpoint: method, path, body, and the rights on the server's other resources it needs
+# beyond its own on `sandfork` (GET: read, others: write).
+ENDPOINTS: list[tuple[str, str, Any, tuple[str, ...]]] = [
+    ("GET", "sandfork/api/kernels/k1", None, ("kernels",)),
+    ("GET", "sandfork/api/snapshots", None, ("kernels", "sessions")),
+    ("POST", "sandfork/api/snapshots", {}, ("kernels",)),
+    ("PATCH", f"sandfork/api/snapshots/{SNAP}", {"name": "n"}, ()),
+    ("DELETE", f"sandfork/api/snapshots/{SNAP}", None, ()),
+    ("POST", f"sandfork/api/snapshots/{SNAP}/restore", {}, ("contents", "kernels", "sessions")),
+    ("POST", "sandfork/api/forks", {}, ("contents", "kernels", "sessions")),
+    ("GET", "sandfork/api/operations/op1", None, ()),
+    ("GET", "sandfork/api/config", None, ("kernelspecs",)),
+    ("GET", f"sandfork/api/snapshots/{SNAP}/inventory", None, ()),
+    ("GET", f"sandfork/api/snapshots/{SNAP}/diff/{SNAP}", None, ()),
 ]
 
 
+def test_the_table_has_every_endpoint_of_the_extension() -> None:
+    handled = {
+        (method, handler)
+        for _, handler in HANDLERS
+        for method in ("GET", "POST", "PATCH", "PUT", "DELETE")
+        if getattr(handler, method.lower()) is not getattr(APIHandler, method.lower())
+    }
+    listed = set()
+    for method, path, _, _ in ENDPOINTS:
+        matches = [h for pattern, h in HANDLERS if re.fullmatch(pattern, "/" + path)]
+        assert len(matches) == 1, path
+        listed.add((method, matches[0]))
+    assert listed == handled
+
+
 async def test_every_endpoint_needs_authentication(jp_fetch: Fetch) -> None:
-    for method, path, body in ENDPOINTS:
+    for method, path, body, _ in ENDPOINTS:
         status, data = await call(jp_fetch, method, path, body, headers={"Authorization": ""})
         assert status == 403, (method, path, status, data)
 
@@ -53,7 +76,7 @@ async def test_a_valid_xsrf_token_without_login_is_refused_by_authentication(
     """The XSRF check passes (cookie and header agree), so the 403 is authentication's."""
     token = uuid.uuid4().hex
     xsrf = {"Authorization": "", "Cookie": f"_xsrf={token}", "X-XSRFToken": token}
-    for method, path, body in ENDPOINTS:
+    for method, path, body, _ in ENDPOINTS:
         status, data = await call(jp_fetch, method, path, body, headers=dict(xsrf))
         assert status == 403, (method, path, status, data)
         assert "xsrf" not in json.dumps(data).lower(), (method, path, data)
@@ -63,39 +86,75 @@ async def test_a_valid_xsrf_token_without_login_is_refused_by_authentication(
 
 
 async def test_every_endpoint_needs_authorization(jp_fetch: Fetch) -> None:
-    for method, path, body in ENDPOINTS:
+    for method, path, body, resources in ENDPOINTS:
         status, _ = await call(jp_fetch, method, path, body, headers={"X-Deny": "sandfork"})
         assert status == 403, (method, path, status)
-    # Restoring and forking make notebooks, kernels and sessions: those rights are needed too.
-    for resource in ("contents", "kernels", "sessions"):
-        for method, path, body in ENDPOINTS[5:7]:
+        # What it does or shows of the server's kernels, sessions, contents needs those rights.
+        for resource in resources:
             status, data = await call(jp_fetch, method, path, body, headers={"X-Deny": resource})
             assert status == 403 and resource in data["message"], (path, resource, data)
+        # The control: a right it does not need is not asked for.
+        status, data = await call(jp_fetch, method, path, body, headers={"X-Deny": "terminals"})
+        assert status != 403, (method, path, data)
+
+
+def _nested(depth: int) -> str:
+    return '{"kernel_id": "k", "notebook": ' + '{"a": ' * depth + "1" + "}" * depth + "}"
 
 
 async def test_bad_input_gets_a_4xx_with_a_message(jp_fetch: Fetch) -> None:
     notebook = nbformat.v4.new_notebook()
+    fine = {"kernel_id": "nope", "path": "a.ipynb", "notebook": notebook}
     cases: list[tuple[str, str, Any, int, str]] = [
         ("GET", "sandfork/api/kernels/nope", None, 404, "no kernel"),
         ("POST", "sandfork/api/snapshots", {"path": "a.ipynb"}, 400, "kernel_id"),
         ("POST", "sandfork/api/snapshots", "not json", 400, "JSON"),
         ("POST", "sandfork/api/snapshots", "[1]", 400, "object"),
         ("POST", "sandfork/api/forks", {"notebook": notebook}, 400, "kernel_id"),
-        ("GET", "sandfork/api/snapshots/snap_0123456789abcdef", None, 405, ""),
-        ("PATCH", "sandfork/api/snapshots/snap_0123456789abcdef", {"name": "x"}, 404, "no snap"),
+        ("GET", f"sandfork/api/snapshots/{SNAP}", None, 405, ""),
+        ("PATCH", f"sandfork/api/snapshots/{SNAP}", {"name": "x"}, 404, "no snap"),
         ("PATCH", "sandfork/api/snapshots/bogus", {"name": "x"}, 404, "no snapshot"),
-        ("DELETE", "sandfork/api/snapshots/snap_0123456789abcdef", None, 404, "no snapshot"),
-        ("POST", "sandfork/api/snapshots/snap_0123456789abcdef/restore", {}, 404, "no snap"),
+        ("DELETE", f"sandfork/api/snapshots/{SNAP}", None, 404, "no snapshot"),
+        ("POST", f"sandfork/api/snapshots/{SNAP}/restore", {}, 404, "no snap"),
         ("POST", "sandfork/api/snapshots/bogus/restore", {"operation": 5}, 400, "operation"),
         ("GET", "sandfork/api/operations/unknown", None, 404, "no operation"),
         ("GET", "sandfork/api/snapshots/bogus/inventory", None, 404, "no snapshot"),
-        ("GET", "sandfork/api/snapshots/snap_0123456789abcdef/inventory", None, 404, "no snap"),
-        ("GET", "sandfork/api/snapshots/bogus/diff/snap_0123456789abcdef", None, 404, "no snap"),
+        ("GET", f"sandfork/api/snapshots/{SNAP}/inventory", None, 404, "no snap"),
+        ("GET", f"sandfork/api/snapshots/bogus/diff/{SNAP}", None, 404, "no snap"),
+        # Bodies, by the engine's rule (strict_json): depth, size, repeated keys, NaN.
+        ("POST", "sandfork/api/forks", "[" * 100_000, 400, "nests deeper than 64"),
+        ("POST", "sandfork/api/forks", _nested(2000), 400, "nests deeper than 64"),
+        ("POST", "sandfork/api/forks", _nested(70), 400, "nests deeper than 64"),
+        ("POST", "sandfork/api/snapshots", "[" * 100_000, 400, "nests deeper"),
+        ("POST", "sandfork/api/snapshots", '{"kernel_id": "a", "kernel_id": "b"}', 400, "twice"),
+        ("PATCH", f"sandfork/api/snapshots/{SNAP}", '{"name": "a", "name": "b"}', 400, "'name'"),
+        ("POST", "sandfork/api/forks", '{"kernel_id": "k", "count": NaN}', 400, "NaN"),
+        ("POST", f"sandfork/api/snapshots/{SNAP}/restore", "x" * 2**21, 413, "limit of 1048576"),
+        ("POST", "sandfork/api/snapshots/bogus/restore", b"\xff\xfe", 400, "not valid JSON"),
+        # Types and bounds of the fields.
+        ("POST", "sandfork/api/snapshots", {"kernel_id": 5}, 400, "kernel_id"),
+        ("POST", "sandfork/api/snapshots", {"kernel_id": ""}, 400, "kernel_id"),
+        ("POST", "sandfork/api/forks", {"kernel_id": "k" * 1000}, 400, "longer than 128"),
+        ("GET", "sandfork/api/kernels/" + "k" * 5000, None, 404, "no kernel"),
+        ("PATCH", f"sandfork/api/snapshots/{SNAP}", {"name": 5}, 400, "name"),
+        ("PATCH", f"sandfork/api/snapshots/{SNAP}", {"name": "a\u202eb"}, 400, "U+202E"),
+        ("PATCH", f"sandfork/api/snapshots/{SNAP}", {"name": " \u3000 "}, 400, "only spaces"),
+        ("PATCH", f"sandfork/api/snapshots/{SNAP}", {"name": "\u2067x"}, 400, "ISOLATE"),
+        ("POST", "sandfork/api/forks", fine | {"path": 5}, 400, "path"),
+        ("POST", "sandfork/api/forks", fine | {"path": "a\x00.ipynb"}, 400, "control"),
+        ("POST", "sandfork/api/forks", fine | {"path": "a\n.ipynb"}, 400, "control"),
+        ("POST", "sandfork/api/forks", fine | {"path": "/etc/a.ipynb"}, 400, "relative"),
+        ("POST", "sandfork/api/forks", fine | {"path": "a/../../b.ipynb"}, 400, "root"),
+        ("POST", "sandfork/api/forks", fine | {"path": "n" * 250 + ".ipynb"}, 400, "200 bytes"),
+        ("POST", "sandfork/api/forks", fine | {"path": "d/" * 600 + "a.ipynb"}, 400, "1024"),
+        ("POST", "sandfork/api/forks", fine | {"notebook": []}, 400, "notebook"),
+        ("POST", "sandfork/api/forks", fine | {"count": "2"}, 400, "count"),
+        ("POST", "sandfork/api/snapshots", fine | {"operation": ["x"]}, 400, "operation"),
     ]
     for method, path, body, expected, message in cases:
         status, data = await call(jp_fetch, method, path, body)
-        assert status == expected, (method, path, status, data)
-        assert message in (data or {}).get("message", ""), (method, path, data)
+        assert status == expected, (method, path[:80], status, data)
+        assert message in (data or {}).get("message", ""), (method, path[:80], data)
 
 
 async def test_config_has_the_branch_limit_and_the_sandfork_kernels(
@@ -287,6 +346,73 @@ async def test_a_restore_whose_folder_is_gone_lands_in_the_root(
     assert status == 201, restored
     assert restored["path"] == "nb-restored-1.ipynb"
     assert (jp_root_dir / "nb-restored-1.ipynb").exists()
+
+
+class _NoRootCheck(AsyncLargeFileManager):
+    """A contents manager that keeps no path inside the root itself (as a custom one may
+    not): the extension's own path check is all that holds. It saves a notebook where the
+    path points, and nothing else (no checkpoint, no model read back)."""
+
+    def _get_os_path(self, path: str) -> str:
+        return os.path.join(self.root_dir, path)
+
+    async def save(self, model: dict[str, Any], path: str = "") -> dict[str, Any]:
+        await self._save_notebook(self._get_os_path(path), nbformat.from_dict(model["content"]))
+        return {"path": path}
+
+
+@pytest.mark.vm
+async def test_a_restore_checks_the_snapshots_notebook_and_path_before_writing(
+    jp_fetch: Fetch, jp_serverapp: Any, jp_root_dir: Path, engine: EngineProcess, tmp_path: Path
+) -> None:
+    """A snapshot's notebook attachment and notebook_path metadata are whatever a client with
+    the engine's key wrote: each bad one is a 422 before any sandbox, file or kernel."""
+    manager = _NoRootCheck(parent=jp_serverapp, root_dir=str(jp_root_dir))
+    jp_serverapp.contents_manager = manager
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # The control: this manager itself writes wherever it is told.
+    model = {"type": "notebook", "format": "json", "content": nbformat.v4.new_notebook()}
+    await manager.save(model, "../outside/probe.ipynb")
+    assert (outside / "probe.ipynb").exists()
+    (outside / "probe.ipynb").unlink()
+
+    good = json.dumps(notebook("w = 1"))
+    cases: list[tuple[str | None, str, str]] = [
+        ("../outside/escape.ipynb", good, "leaves the server's root"),
+        ("work/../../outside/escape.ipynb", good, "leaves the server's root"),
+        (f"{outside}/escape.ipynb", good, "relative to the server's root"),
+        ("bell\x07.ipynb", good, "control characters"),
+        ("n" * 250 + ".ipynb", good, "longer than 200 bytes"),
+        ("d/" * 600 + "x.ipynb", good, "longer than 1024 bytes"),
+        ("not-an-ipynb.txt", good, "ending in .ipynb"),
+        (None, "this is not JSON", "the snapshot's notebook is not valid JSON"),
+        (None, "[1, 2]", "the snapshot's notebook must be a notebook document"),
+        (None, '{"cells": 5}', "the snapshot's notebook is not a valid notebook"),
+        (None, "[" * 100_000, "the snapshot's notebook nests deeper than 64"),
+        (None, '{"nbformat": 4, "nbformat": 4}', "the key 'nbformat' appears twice"),
+        (None, '{"nbformat": NaN}', "NaN is not a JSON number"),
+    ]
+    client = engine.client()
+    sandbox = client.request("POST", "/sandboxes", json={})["id"]
+    try:
+        snapshots = []
+        for path, document, _ in cases:
+            metadata = {} if path is None else {"notebook_path": path}
+            body = {"metadata": metadata, "attachments": {"notebook.ipynb": document}}
+            snap = client.request("POST", f"/sandboxes/{sandbox}/snapshots", json=body)
+            snapshots.append(snap["id"])
+        sandboxes = engine.sandbox_ids()
+        kernels = set(jp_serverapp.kernel_manager.list_kernel_ids())
+        for snap_id, (path, _, message) in zip(snapshots, cases, strict=True):
+            restore = f"sandfork/api/snapshots/{snap_id}/restore"
+            status, data = await call(jp_fetch, "POST", restore)
+            assert status == 422 and message in data["message"], (str(path)[:80], data)
+        assert engine.sandbox_ids() == sandboxes  # refused before the restore
+        assert set(jp_serverapp.kernel_manager.list_kernel_ids()) == kernels
+        assert _files(jp_root_dir) == [] and list(outside.iterdir()) == []
+    finally:
+        client.request("DELETE", f"/sandboxes/{sandbox}")
 
 
 # -- helpers ---------------------------------------------------------------------------------

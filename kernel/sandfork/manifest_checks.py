@@ -1,6 +1,7 @@
 """Checks of the manifest that heads an exported file (a snapshot's or a template's), which
-nothing vouches for: JSON objects with no field twice, fields of known names only, bounded
-integers, strings of a pattern, and member entries (size and SHA-256).
+nothing vouches for: JSON by :mod:`sandfork.strict_json`'s rule (no key twice, no ``NaN``,
+bounded nesting), fields of known names only, bounded integers, strings of a pattern, and
+member entries (size and SHA-256).
 
 Each check raises the caller's own error, made by ``fail`` from a message that says where the
 document is wrong, so the snapshot and template imports word their refusals alike.
@@ -12,19 +13,19 @@ import re
 from collections.abc import Callable, Collection
 from typing import Any
 
+from sandfork import strict_json
+
 Fail = Callable[[str], Exception]
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def no_repeats(fail: Fail) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
-    """A ``json.loads`` ``object_pairs_hook`` that refuses a field given twice in one object."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        if len({k for k, _ in pairs}) != len(pairs):
-            raise fail("a field appears twice")
-        return dict(pairs)
-
-    return unique
+def document(data: bytes, fail: Fail) -> Any:
+    """The JSON value of the manifest ``data``, parsed by the rule of request bodies
+    (:func:`sandfork.strict_json.parse`); a refusal is raised as ``fail``'s error."""
+    try:
+        return strict_json.parse(data, "it")
+    except strict_json.JsonRefused as e:
+        raise fail(e.message) from None
 
 
 def fields(

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from tornado import web
-from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from sandfork.backends.container.backend import ContainerBackend
@@ -54,6 +53,7 @@ from sandfork.engine.handlers.snapshots import (
     SnapshotsHandler,
 )
 from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
+from sandfork.engine.http_server import EngineHTTPServer
 from sandfork.engine.limits import Limits
 from sandfork.engine.services import Bounds, EngineServices
 from sandfork.paths import cache_dir, state_dir
@@ -69,8 +69,8 @@ _SNAP = f"({SNAPSHOT_ID})"
 class NotFoundHandler(ApiHandler):
     """Any other path: authenticated like the rest, then a JSON 404."""
 
-    def prepare(self) -> None:
-        super().prepare()
+    def check_request(self) -> None:
+        super().check_request()
         raise NotFound(f"no such endpoint: {self.request.method} {self.request.path}")
 
 
@@ -177,7 +177,12 @@ async def serve(config: EngineConfig) -> None:
     )
     await services.start()
     sockets = bind_sockets(config.port, address=config.ip)
-    server = HTTPServer(make_app(services, config, api_key), max_body_size=256 * 1024 * 1024)
+    server = EngineHTTPServer(
+        make_app(services, config, api_key),
+        max_body_size=256 * 1024 * 1024,
+        idle_connection_timeout=config.idle_timeout,
+        header_timeout=config.header_timeout,
+    )
     server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
     host = f"[{config.ip}]" if ":" in config.ip else config.ip

@@ -11,6 +11,8 @@ from __future__ import annotations
 from traitlets import Bool, Enum, Float, Int, List, Unicode
 from traitlets.config import LoggingConfigurable
 
+from sandfork.strict_json import MAX_JSON_DEPTH
+
 
 class EngineConfig(LoggingConfigurable):
     """Settings of ``sandfork serve``."""
@@ -103,9 +105,9 @@ class EngineConfig(LoggingConfigurable):
         32 * 2**20,
         help="Largest file the files API writes or reads in one request (larger reads: ranges).",
     ).tag(config=True)
-    max_json_depth = Int(32, help="Deepest nesting of arrays and objects in a JSON body.").tag(
-        config=True
-    )
+    max_json_depth = Int(
+        MAX_JSON_DEPTH, help="Deepest nesting of arrays and objects in a JSON body."
+    ).tag(config=True)
     max_metadata_keys = Int(64, help="Most keys in a sandbox's or snapshot's metadata.").tag(
         config=True
     )
@@ -116,6 +118,31 @@ class EngineConfig(LoggingConfigurable):
     max_metadata_bytes = Int(16384, help="Largest metadata in all (keys and values, UTF-8).").tag(
         config=True
     )
+    header_timeout = Float(
+        10.0,
+        min=0.001,
+        help="Seconds a new connection has to send its first request's headers; a client "
+        "slower than that (a byte at a time, say) is disconnected.",
+    ).tag(config=True)
+    idle_timeout = Float(
+        60.0,
+        min=0.001,
+        help="Seconds a kept-alive connection may wait for its next request's headers "
+        "(idle time and headers together, as tornado counts them) before it is closed.",
+    ).tag(config=True)
+    body_timeout = Float(
+        60.0,
+        min=0.0,
+        help="Slack of a request body's minimum rate: a body may take this many seconds plus "
+        "one second for every body_min_rate bytes received. Slower, it is answered 408 and "
+        "its connection closed. A rate rather than a total time: an upload of gigabytes that "
+        "keeps coming is never cut.",
+    ).tag(config=True)
+    body_min_rate = Int(
+        16 * 1024,
+        min=1,
+        help="Bytes per second a request body must average after body_timeout's slack.",
+    ).tag(config=True)
     agent_timeout = Float(
         30.0,
         help="Seconds the guest agent may take to answer a request (exec and run_code: their "

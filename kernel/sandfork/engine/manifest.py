@@ -188,10 +188,10 @@ def _snapshot_fields(
 
 def parse_manifest(data: bytes, limits: ImportLimits) -> Manifest:
     """Validate a manifest against the schema and this engine's ``limits``."""
+    raw = checks.document(data, _fail)
     try:
-        raw = json.loads(data.decode(), object_pairs_hook=checks.no_repeats(_fail))
         json.dumps(raw, ensure_ascii=False).encode()  # no lone surrogates from \ud800 escapes
-    except (UnicodeError, ValueError) as e:
+    except UnicodeError as e:
         raise _fail("it is not JSON (UTF-8, without lone surrogates)") from e
     top = _object(raw, "the manifest", {"format", "snapshot", "boot_key", "rootfs_key",
                                         "layers", "members"}, set())  # fmt: skip

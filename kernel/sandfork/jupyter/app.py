@@ -29,6 +29,12 @@ class SandforkExtension(ExtensionApp):
     max_branches = Int(MAX_BRANCHES, help="Most branch notebooks one fork may open.").tag(
         config=True
     )
+    max_json_depth = Int(
+        64,
+        help="Deepest nesting of arrays and objects in a request body or a stored notebook; "
+        "deeper are refused (400, 422). More than the engine's 32: a notebook's JSON outputs "
+        "and widget state nest inside the document.",
+    ).tag(config=True)
     lease_seconds = Float(
         120.0,
         help="Lease of a sandbox made for a restored or branch notebook, until its kernel "
@@ -39,7 +45,12 @@ class SandforkExtension(ExtensionApp):
         """Make the service the handlers use."""
         engine = EngineConnection.of(self, self.log).client()
         service = SandforkService(
-            self.serverapp, engine, Operations(), self.max_branches, self.lease_seconds
+            self.serverapp,
+            engine,
+            Operations(),
+            self.max_branches,
+            self.lease_seconds,
+            self.max_json_depth,
         )
         self.settings["sandfork_service"] = service
         serverapp: Any = self.serverapp

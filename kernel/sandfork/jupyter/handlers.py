@@ -1,5 +1,7 @@
 """REST handlers of the server extension under ``{base_url}sandfork/api/`` (see
-docs/jupyter-api.md). Each is authenticated and authorized like Jupyter Server's own."""
+docs/jupyter-api.md). Each is authenticated and authorized like Jupyter Server's own, and
+asks for the rights on the server's other resources (kernels, sessions, contents) that what
+it does or shows needs."""
 
 from __future__ import annotations
 
@@ -9,39 +11,45 @@ from typing import Any
 from jupyter_client.jsonutil import json_default
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import ensure_async
 from tornado import web
 
+from sandfork import strict_json
 from sandfork.jupyter.errors import error_message, http_error
 from sandfork.jupyter.service import SandforkService
+from sandfork.protocol import MAX_ATTACHMENT_BYTES
 
 AUTH_RESOURCE = "sandfork"
+MAX_BODY_BYTES = 2**20  # a body without a notebook document
+NOTEBOOK_BODY_BYTES = MAX_ATTACHMENT_BYTES + MAX_BODY_BYTES  # one with it (the engine's cap)
+MAX_KERNEL_ID = 128  # characters
 
 
 class SandforkHandler(APIHandler):
     """Base handler: the service, JSON bodies, and errors with the message verbatim."""
 
     auth_resource = AUTH_RESOURCE
+    body_limit = MAX_BODY_BYTES  # bytes of a request body (Jupyter Server has read it whole)
 
     @property
     def service(self) -> SandforkService:
         return self.settings["sandfork_service"]  # type: ignore[no-any-return]
 
     def body(self) -> dict[str, Any]:
-        """The request's JSON object body (empty allowed), else a 400."""
-        if not self.request.body:
-            return {}
+        """The request's JSON object body (empty allowed), by :mod:`sandfork.strict_json`'s
+        rule (the engine's): else a 400, or a 413 past :attr:`body_limit`."""
         try:
-            body = json.loads(self.request.body)
-        except ValueError as e:
-            raise http_error(400, f"the body is not valid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise http_error(400, "the body must be a JSON object")
-        return body
+            return strict_json.parse_object(
+                self.request.body, max_depth=self.service.max_json_depth, max_bytes=self.body_limit
+            )
+        except strict_json.JsonRefused as e:
+            raise http_error(e.status, e.message) from None
 
-    def require(self, action: str, *resources: str) -> None:
+    async def require(self, action: str, *resources: str) -> None:
         """403 unless the user may also do ``action`` on each of ``resources``."""
         for resource in resources:
-            if not self.authorizer.is_authorized(self, self.current_user, action, resource):
+            allowed = self.authorizer.is_authorized(self, self.current_user, action, resource)
+            if not await ensure_async(allowed):
                 raise http_error(403, f"not allowed to {action} {resource}")
 
     def reply(self, data: Any, status: int = 200) -> None:
@@ -64,6 +72,7 @@ class ConfigHandler(SandforkHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
+        await self.require("read", "kernelspecs")
         self.reply(self.service.config())
 
 
@@ -73,20 +82,25 @@ class KernelHandler(SandforkHandler):
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
+        await self.require("read", "kernels")
         self.reply(await self.service.kernel(kernel_id))
 
 
 class SnapshotsHandler(SandforkHandler):
     """``GET``: snapshots and their lineage; ``POST``: snapshot a notebook's sandbox."""
 
+    body_limit = NOTEBOOK_BODY_BYTES
+
     @web.authenticated
     @authorized
     async def get(self) -> None:
+        await self.require("read", "kernels", "sessions")  # the listing names them
         self.reply(await self.service.lineage())
 
     @web.authenticated
     @authorized
     async def post(self) -> None:
+        await self.require("read", "kernels")  # the snapshot holds the kernel's state
         body = self.body()
         snap = await self.service.snapshot(
             _kernel_id(body), body.get("path"), body.get("notebook"), body.get("name"), _op(body)
@@ -134,17 +148,19 @@ class RestoreHandler(SandforkHandler):
     @web.authenticated
     @authorized
     async def post(self, snapshot_id: str) -> None:
-        self.require("write", "contents", "kernels", "sessions")
+        await self.require("write", "contents", "kernels", "sessions")
         self.reply(await self.service.restore(snapshot_id, _op(self.body())), 201)
 
 
 class ForksHandler(SandforkHandler):
     """``POST``: fork a notebook's live sandbox into branch notebooks."""
 
+    body_limit = NOTEBOOK_BODY_BYTES
+
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        self.require("write", "contents", "kernels", "sessions")
+        await self.require("write", "contents", "kernels", "sessions")
         body = self.body()
         result = await self.service.fork(
             _kernel_id(body), body.get("path"), body.get("notebook"), body.get("count"), _op(body)
@@ -163,8 +179,10 @@ class OperationHandler(SandforkHandler):
 
 def _kernel_id(body: dict[str, Any]) -> str:
     kernel_id = body.get("kernel_id")
-    if not isinstance(kernel_id, str):
-        raise http_error(400, "field 'kernel_id' is required")
+    if not isinstance(kernel_id, str) or not kernel_id:
+        raise http_error(400, "field 'kernel_id' is required (the notebook's kernel, a string)")
+    if len(kernel_id) > MAX_KERNEL_ID:
+        raise http_error(400, f"field 'kernel_id' is longer than {MAX_KERNEL_ID} characters")
     return kernel_id
 
 

@@ -46,7 +46,7 @@ def sandfork_kernel_names(kernel_spec_manager: Any) -> list[str]:
 
 def _kernel(kernel_manager: Any, kernel_id: str) -> Any:
     if kernel_id not in kernel_manager:
-        raise http_error(404, f"no kernel {kernel_id!r}")
+        raise http_error(404, f"no kernel {kernel_id[:128]!r}")
     return kernel_manager.get_kernel(kernel_id)
 
 

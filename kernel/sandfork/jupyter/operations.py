@@ -70,7 +70,7 @@ class Operations:
         self._expire()
         op = self._ops.get(op_id)
         if op is None:
-            raise http_error(404, f"no operation {op_id!r}")
+            raise http_error(404, f"no operation {op_id[:64]!r}")
         return op
 
     def _expire(self) -> None:

@@ -33,6 +33,8 @@ from sandfork.jupyter.notebooks import (
     checked_path,
     delete_quietly,
     free_path,
+    stored_notebook,
+    stored_path,
     write_notebook,
 )
 from sandfork.jupyter.operations import Operation, Operations
@@ -48,7 +50,7 @@ from sandfork.sdk.inventory import Inventory
 def checked_snapshot_id(snapshot_id: str) -> str:
     """``snapshot_id`` if it looks like one, else a 404 (it cannot exist)."""
     if not is_snapshot_id(snapshot_id):
-        raise http_error(404, f"no snapshot {snapshot_id!r}")
+        raise http_error(404, f"no snapshot {snapshot_id[:64]!r}")
     return snapshot_id
 
 
@@ -57,8 +59,7 @@ def checked_name(name: Any) -> str | None:
     if name is None:
         return None
     try:
-        # The name as sent, then what is stored: spaces alone are no name.
-        return check_snapshot_name(check_snapshot_name(name).strip())
+        return check_snapshot_name(name).strip()
     except ValueError as e:
         raise http_error(400, str(e)) from e
 
@@ -73,12 +74,14 @@ class SandforkService:
         operations: Operations,
         max_branches: int,
         lease_seconds: float,
+        max_json_depth: int,
     ) -> None:
         self.serverapp = serverapp
         self.engine = engine
         self.operations = operations
         self.max_branches = max_branches
         self.lease_seconds = lease_seconds  # of a new notebook's sandbox until its kernel's
+        self.max_json_depth = max_json_depth  # of request bodies and stored notebooks
         self._naming = asyncio.Lock()  # picking a free name and writing it is one step
 
     @property
@@ -209,9 +212,9 @@ class SandforkService:
                 )
             except SandforkError as e:
                 raise http_error(502, str(e)) from e
-            raw = attachment.content
-            document = json.loads(raw)
-            original = snap["metadata"].get("notebook_path") or "Untitled.ipynb"
+            # Both are the snapshot's, which anyone with the engine's key may have written.
+            document = stored_notebook(attachment.content, self.max_json_depth)
+            original = stored_path(snap["metadata"].get("notebook_path"))
             folder = posixpath.dirname(original)
             if folder and not await ensure_async(self.contents.dir_exists(folder)):
                 original = posixpath.basename(original)  # its folder is gone: use the root

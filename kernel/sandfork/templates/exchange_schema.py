@@ -86,10 +86,7 @@ def parse_manifest(data: bytes) -> ExportManifest:
     """Validate the manifest ``data`` (the first member of an exported template file)."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise _fail("it is larger than 1 MiB")
-    try:
-        raw = json.loads(data.decode(), object_pairs_hook=checks.no_repeats(_fail))
-    except (UnicodeError, ValueError) as e:
-        raise _fail("it is not JSON (UTF-8)") from e
+    raw = checks.document(data, _fail)
     top = _object(raw, "the manifest", {"format", "name", "boot", "rootfs", "members"})
     if top["format"] != FORMAT:
         raise TemplateError(f"not a Sandfork template file (format {str(top['format'])[:100]!r})")

@@ -6,20 +6,33 @@ away when the body is too large to be worth reading; a smaller one (or a chunked
 goes over the limit) is read and dropped chunk by chunk, then refused by :meth:`body_bytes`
 and :meth:`json_body`, so a client still sending gets the 413 instead of a reset connection.
 Nothing over the limit is ever kept in memory; a method that takes no body ignores it.
+
+A request refused before its body is read (a wrong API key, no such endpoint) is answered
+the same way, once the body is in, dropped: tornado closes a connection whose request was
+answered before its body was read, without saying so, and a client that had sent the body
+or reused the connection got a reset instead of the 401. Only a body too large to drain is
+refused at once, with ``Connection: close``.
+
+A body must keep coming (:class:`_BodyClock`): it may take ``body_timeout`` seconds plus one
+second for every ``body_min_rate`` bytes received; a slower one is answered 408 and its
+connection closed, so a client trickling a body cannot hold a connection for ever.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tornado import httputil, web
+from tornado.ioloop import IOLoop
 
+from sandfork import strict_json
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.errors import ApiError, BadRequest, TooLarge
 from sandfork.engine.execution import ExecutionService
-from sandfork.engine.handlers.validate import check_depth, field, timeout_field
+from sandfork.engine.handlers.validate import field, timeout_field
 from sandfork.engine.sandboxes import SandboxService
 from sandfork.engine.snapshotting import SnapshotService
 
@@ -47,8 +60,38 @@ def has_api_key(request: httputil.HTTPServerRequest, expected: str) -> bool:
     return bool(token) and hmac.compare_digest(token.encode(), expected.encode())
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+class _BodyClock:
+    """The minimum rate of one request body: ``late`` is called once the body has taken
+    longer than ``slack`` seconds plus one second per ``rate`` bytes received."""
+
+    def __init__(self, late: Callable[[], None], slack: float, rate: int) -> None:
+        self._late = late
+        self._slack = slack
+        self._rate = rate
+        self._loop = IOLoop.current()
+        self._start = self._loop.time()
+        self._received = 0
+        self._timer: object | None = self._loop.call_at(self._deadline(), self._check)
+
+    def received(self, size: int) -> None:
+        """``size`` more bytes came (the deadline moves; the timer is re-armed when due)."""
+        self._received += size
+
+    def stop(self) -> None:
+        """The body is in, or the connection gone."""
+        if self._timer is not None:
+            self._loop.remove_timeout(self._timer)
+            self._timer = None
+
+    def _deadline(self) -> float:
+        return self._start + self._slack + self._received / self._rate
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._loop.time() < self._deadline():
+            self._timer = self._loop.call_at(self._deadline(), self._check)
+        else:
+            self._late()
 
 
 class EngineAccess:
@@ -84,43 +127,122 @@ class ApiHandler(EngineAccess, web.RequestHandler):
     _body_size = 0
     _body_limit = 0
     _body_refusal: str | None = None
+    _refusal: ApiError | None = None  # decided before the body: answered once it is in
+    _declared = 0  # the Content-Length
+    _clock: _BodyClock | None = None
+    _closing = False  # answered before the body is in: tornado closes the connection
 
     @property
     def config(self) -> EngineConfig:
         """The engine's configuration (its limits)."""
         return self.settings["config"]  # type: ignore[no-any-return]
 
+    @property
+    def refused(self) -> bool:
+        """True when the request is refused (its body is drained and dropped)."""
+        return self._refusal is not None
+
     def body_limit(self) -> int:
         """The largest request body this route takes, in bytes (override per route)."""
         return int(self.config.max_request_bytes)
 
     def _reads_own_body(self) -> bool:
-        """A handler with its own ``data_received`` (an import) bounds its body itself."""
-        return type(self).data_received is not ApiHandler.data_received
+        """A handler with its own ``body_chunk`` (an import) bounds its body itself."""
+        return type(self).body_chunk is not ApiHandler.body_chunk
 
     def prepare(self) -> None:
+        self._body_parts = []
+        self._answer_once_the_body_is_in()
+        self._declared = self._declared_length()
+        if self._declared or "Transfer-Encoding" in self.request.headers:
+            self._clock = _BodyClock(
+                self._too_slow, self.config.body_timeout, self.config.body_min_rate
+            )
+        try:
+            self.check_request()
+        except ApiError as e:
+            if self._declared > _DRAIN_LIMIT:
+                self._closing = True
+                raise
+            self._refusal = e
+
+    def check_request(self) -> None:
+        """The checks made before the body is read (override to add some): the API key, and
+        a declared body size within the route's limit. An :class:`ApiError` raised here is
+        the answer, sent once the body is in (dropped)."""
         if not has_api_key(self.request, self.settings["api_key"]):
             raise ApiError(API_KEY_REQUIRED, 401)
-        self._body_parts = []
         if self._reads_own_body():
             return
         self._body_limit = self.body_limit()
+        if self._declared > self._body_limit:
+            self._body_refusal = self._too_large_message()
+            if self._declared > _DRAIN_LIMIT:
+                raise TooLarge(self._body_refusal)
+
+    def _declared_length(self) -> int:
+        """The ``Content-Length`` (0 when there is none); a 400 at once, with ``Connection:
+        close``, when it is no number (no body can then be drained)."""
         declared = self.request.headers.get("Content-Length")
         if declared is None:
-            return
+            return 0
         try:
-            length = int(declared)
+            return int(declared)
         except ValueError:
+            self._closing = True
             raise BadRequest(f"bad Content-Length header {declared[:40]!r}") from None
-        if length > self._body_limit:
-            self._body_refusal = self._too_large_message()
-            if length > _DRAIN_LIMIT:
-                raise TooLarge(self._body_refusal)
+
+    def _answer_once_the_body_is_in(self) -> None:
+        """tornado calls the request's method once the body has been read: for this
+        request, that call first stops the body's clock and answers a refusal instead."""
+        name = str(self.request.method).lower()
+        method = getattr(self, name)
+
+        async def once_the_body_is_in(*args: str, **kwargs: str) -> None:
+            if self._clock is not None:
+                self._clock.stop()
+            if self._refusal is not None:
+                raise self._refusal
+            result = method(*args, **kwargs)
+            if result is not None:
+                await result
+
+        setattr(self, name, once_the_body_is_in)
+
+    def _too_slow(self) -> None:
+        """The body came slower than the minimum rate: a 408, and the connection closes
+        (tornado closes one answered before its body was read)."""
+        if self._finished:
+            return
+        message = (
+            f"the request body came slower than {self.config.body_min_rate} bytes per second "
+            f"(after {self.config.body_timeout:g} s): the connection is closed"
+        )
+        self._closing = True
+        error = ApiError(message, 408)
+        self.send_error(408, exc_info=(ApiError, error, None))
+
+    def on_connection_close(self) -> None:
+        if self._clock is not None:
+            self._clock.stop()
+        super().on_connection_close()
+
+    def on_finish(self) -> None:
+        if self._clock is not None:
+            self._clock.stop()
 
     def _too_large_message(self) -> str:
         return f"the request body is larger than this endpoint's limit of {self._body_limit} bytes"
 
     def data_received(self, chunk: bytes) -> None:
+        if self._clock is not None:
+            self._clock.received(len(chunk))
+        if self._refusal is None:
+            self.body_chunk(chunk)
+
+    def body_chunk(self, chunk: bytes) -> None:
+        """Keep ``chunk`` of the body, or drop it once the body is over the route's limit
+        (override to read the body some other way)."""
         self._body_size += len(chunk)
         if self._body_refusal is None and self._body_size > self._body_limit:
             self._body_refusal = self._too_large_message()
@@ -155,6 +277,8 @@ class ApiHandler(EngineAccess, web.RequestHandler):
         else:
             message = self._reason
         self.set_header("Content-Type", "application/json")
+        if self._closing:  # tornado does not say so itself
+            self.set_header("Connection", "close")
         self.finish(json.dumps({"error": message}))
 
     def _handle_request_exception(self, e: BaseException) -> None:
@@ -166,21 +290,13 @@ class ApiHandler(EngineAccess, web.RequestHandler):
     def json_body(self) -> dict[str, Any]:
         """The request's JSON object; an empty body is an empty object.
 
-        Refused with a 400: anything but one JSON object, ``NaN``/``Infinity``, and nesting
-        deeper than ``max_json_depth`` (Python's parser recurses: very deep input is caught
-        as the ``RecursionError`` it raises, not left to become a 500).
+        Parsed by :mod:`sandfork.strict_json`'s rule, refused with a 400 naming what is
+        wrong: anything but one JSON object, ``NaN``/``Infinity``, a key twice in one object,
+        nesting deeper than ``max_json_depth``.
         """
-        raw = self.body_bytes()
-        if not raw.strip():
-            return {}
-        depth = int(self.config.max_json_depth)
         try:
-            body = json.loads(raw, parse_constant=_reject_constant)
-        except RecursionError:
-            raise BadRequest(f"the request body nests deeper than {depth} levels") from None
-        except ValueError as e:
-            raise BadRequest(f"the request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        check_depth(body, depth)
-        return body
+            return strict_json.parse_object(
+                self.body_bytes(), max_depth=int(self.config.max_json_depth)
+            )
+        except strict_json.JsonRefused as e:
+            raise ApiError(e.message, e.status) from None

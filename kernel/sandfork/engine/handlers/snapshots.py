@@ -6,7 +6,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tornado import web
 from tornado.http1connection import HTTP1Connection
 
 from sandfork.engine import exchange
@@ -167,7 +166,6 @@ class ExportHandler(ApiHandler):
         self.finish()
 
 
-@web.stream_request_body
 class ImportHandler(ApiHandler):
     """``POST`` an exported snapshot file as the body; answers with the imported snapshot
     (under a new id). The file is kept in the engine's ``tmp`` folder until then."""
@@ -176,12 +174,14 @@ class ImportHandler(ApiHandler):
 
     def prepare(self) -> None:
         super().prepare()
+        if self.refused:
+            return
         if isinstance(self.request.connection, HTTP1Connection):
             self.request.connection.set_max_body_size(MAX_IMPORT_BYTES)
         self._tmp = tempfile.TemporaryDirectory(prefix="upload-", dir=self.snapshots.tmp_dir)
         self._file = (Path(self._tmp.name) / "import.sfsnap").open("wb")
 
-    def data_received(self, chunk: bytes) -> None:
+    def body_chunk(self, chunk: bytes) -> None:
         self._file.write(chunk)
 
     async def post(self) -> None:
@@ -196,6 +196,7 @@ class ImportHandler(ApiHandler):
 
     def on_connection_close(self) -> None:
         self._cleanup()
+        super().on_connection_close()
 
     def _cleanup(self) -> None:
         if self._tmp is not None:

@@ -69,19 +69,6 @@ def text_field(
     return None if value is None else check_text(value, f"field {name!r}", max_chars)
 
 
-def check_depth(value: Any, limit: int) -> None:
-    """A 400 when arrays and objects in ``value`` nest deeper than ``limit`` (no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if not isinstance(item, dict | list):
-            continue
-        if depth > limit:
-            raise BadRequest(f"the request body nests deeper than {limit} levels")
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children)
-
-
 def env_field(body: dict[str, Any]) -> dict[str, str]:
     """The optional ``env``: names (non-empty, no ``=``) to values, no NULs, bounded."""
     env: dict[str, Any] = field(body, "env", dict, {})
