@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -73,6 +74,7 @@ def main() -> None:
         server = veth.run(
             "python3", "-m", "http.server", "--bind", ORIGIN, str(PORT), "--directory", str(work)
         )
+        (work / "engine").mkdir()
         engine = EngineProcess(work / "engine", "--egress-allow", f"{ORIGIN}/32")
         try:
             while True:  # the server is up once it answers
@@ -101,6 +103,7 @@ def main() -> None:
             server.wait()
             if engine.process is not None:
                 engine.close()
+            shutil.rmtree(work, ignore_errors=True)
     print(f"download of {args.mib} MiB, {args.runs} runs (MiB/s: median [min-max])")
     for name, rates in results.items():
         print(f"  {name:16} {statistics.median(rates):8.1f}  [{min(rates):.1f}-{max(rates):.1f}]")

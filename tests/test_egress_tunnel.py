@@ -11,10 +11,9 @@ import asyncio
 import contextlib
 import hashlib
 import re
-import threading
+import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,45 +21,20 @@ import pytest
 import pytest_asyncio
 
 from agent_client import AgentProcess
+from origin import OriginServer
 from sandfork.agent import channel
 from sandfork.agent.channel import CLOSE, DATA, EOF, HELLO, OPEN, Decoder, FrameError, pack
 from sandfork.engine.egress import EgressProxy
 from sandfork.engine.egress_tunnel import EgressTunnel, StreamBudget
 
-BIG = 6 * 2**20  # bytes of the large download: many windows' worth
-
-
-class Origin:
-    """An HTTP server on 127.0.0.1: ``/big`` is :data:`BIG` bytes, anything else ``ok``."""
-
-    def __init__(self) -> None:
-        self.body = bytes(range(256)) * (BIG // 256)
-
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = outer.body if self.path == "/big" else b"ok"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+BIG = 16 * 2**20  # bytes of the large download: many windows' worth, and more than sockets hold
+BODY = bytes(range(256)) * (BIG // 256)
 
 
 @pytest.fixture(scope="module")
-def origin() -> Iterator[Origin]:
-    server = Origin()
+def origin() -> Iterator[OriginServer]:
+    """``/big`` is :data:`BIG` bytes, anything else ``ok``."""
+    server = OriginServer(lambda path: BODY if path == "/big" else b"ok")
     yield server
     server.close()
 
@@ -132,11 +106,11 @@ async def _request(guest: Guest, request: bytes) -> bytes:
 
 
 @pytest.mark.asyncio
-async def test_streams_are_relayed_with_flow_control(guest: Guest, origin: Origin) -> None:
+async def test_streams_are_relayed_with_flow_control(guest: Guest, origin: OriginServer) -> None:
     tunnel = _tunnel(guest.open_channel)
     try:
         assert await tunnel.ready(60)
-        expect = hashlib.sha256(origin.body).hexdigest()
+        expect = hashlib.sha256(BODY).hexdigest()
         connect = f"CONNECT 127.0.0.1:{origin.port} HTTP/1.1\r\n\r\n"
         inner = "GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         answers = await asyncio.gather(
@@ -155,12 +129,17 @@ async def test_streams_are_relayed_with_flow_control(guest: Guest, origin: Origi
 
 
 @pytest.mark.asyncio
-async def test_a_guest_that_does_not_read_holds_one_window(guest: Guest, origin: Origin) -> None:
+async def test_a_guest_that_does_not_read_holds_one_window(
+    guest: Guest, origin: OriginServer
+) -> None:
     """Backpressure: a client that stops reading stops the upstream download."""
     tunnel = _tunnel(guest.open_channel)
     try:
         assert await tunnel.ready(60)
-        reader, writer = await guest.connect()
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # it holds little
+        client.connect(("127.0.0.1", guest.port))
+        reader, writer = await asyncio.open_connection(sock=client)
         writer.write(f"GET http://127.0.0.1:{origin.port}/big HTTP/1.1\r\n\r\n".encode())
         await writer.drain()
         first = await reader.read(1)  # the download has started; now nobody reads

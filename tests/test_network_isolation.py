@@ -13,10 +13,8 @@ import asyncio
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import pytest
 
 from conftest import EngineProcess
 from netns import veth_namespace
+from origin import OriginServer
 from sandfork.backends.vm.accel import Accelerator
 from sandfork.backends.vm.qemu import MACHINE_REVISION, Network, VmLayout, VmSpec, command_line
 from sandfork.engine.egress import EgressProxy
@@ -35,33 +34,11 @@ SECRET = "the-host-secret-4471"
 vm = pytest.mark.vm
 
 
-class SecretServer:
-    """An HTTP server on the host's loopback that answers every GET with :data:`SECRET`."""
+class SecretServer(OriginServer):
+    """An HTTP server of the host's (loopback unless told) answering :data:`SECRET`."""
 
     def __init__(self, address: str = "127.0.0.1") -> None:
-        self.requests: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.requests.append(self.path)
-                body = SECRET.encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer((address, 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(lambda path: SECRET.encode(), address)
 
 
 @pytest.fixture(scope="module")

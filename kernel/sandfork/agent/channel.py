@@ -18,8 +18,12 @@ from dataclasses import dataclass
 
 HEADER = struct.Struct(">IBI")
 MAX_PAYLOAD = 64 * 1024
-WINDOW = 128 * 1024
-"""Bytes a side may send on one stream before the other side grants more (``CREDIT``)."""
+TO_GUEST_WINDOW = 1024 * 1024
+"""Bytes the engine may send on one stream before the guest grants more (``CREDIT``): the
+guest buffers them, so a download is not held to one small window per round trip."""
+TO_HOST_WINDOW = 128 * 1024
+"""Bytes the guest may send on one stream before the engine grants more: what the engine
+buffers per stream at most (it has many sandboxes' streams to hold)."""
 
 HELLO = 0  # stream 0: MAGIC, an 8-byte session id, then u32 (host: its stream cap; guest: 0)
 OPEN = 1  # guest -> host: a new stream (a connection accepted in the guest)

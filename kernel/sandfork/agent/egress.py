@@ -27,7 +27,8 @@ from .channel import (
     HELLO,
     MAX_PAYLOAD,
     OPEN,
-    WINDOW,
+    TO_GUEST_WINDOW,
+    TO_HOST_WINDOW,
     Decoder,
     Frame,
     FrameError,
@@ -216,7 +217,7 @@ class _LocalStream:
         # drain() returns only once everything written is in the socket: what the host may
         # send next is what has left this buffer.
         writer.transport.set_write_buffer_limits(high=0)
-        self._credit = WINDOW  # bytes this side may still send
+        self._credit = TO_HOST_WINDOW  # bytes this side may still send
         self._has_credit = asyncio.Event()
         self._has_credit.set()
         self._unacked = 0  # bytes the host sent that are not in the socket yet
@@ -250,7 +251,7 @@ class _LocalStream:
     def on_frame(self, frame: Frame) -> None:
         """A frame of this stream from the host."""
         if frame.kind == DATA:
-            if self._unacked + len(frame.payload) > WINDOW:
+            if self._unacked + len(frame.payload) > TO_GUEST_WINDOW:
                 log.warning("stream %d: the host sent past its window", self.id)
                 self._lost()
                 return

@@ -1,9 +1,10 @@
 """One stream of a sandbox's egress channel, as the proxy sees it: a reader and a writer.
 
 Flow control is by window (docs/agent-protocol.md, "Egress channel"): the guest may send
-:data:`~sandfork.agent.channel.WINDOW` bytes on a stream beyond what the proxy has read, and
-the proxy sends no more than the guest has granted. So a stream holds at most one window of
-input and one write of output, whichever side stops reading.
+:data:`~sandfork.agent.channel.TO_HOST_WINDOW` bytes on a stream beyond what the proxy has
+read, and the proxy sends no more than the guest has granted
+(:data:`~sandfork.agent.channel.TO_GUEST_WINDOW` ahead). So a stream holds at most one window
+of input and one write of output, whichever side stops reading.
 """
 
 from __future__ import annotations
@@ -11,7 +12,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from sandfork.agent.channel import CLOSE, DATA, EOF, MAX_PAYLOAD, WINDOW, FrameError, credit, pack
+from sandfork.agent.channel import (
+    CLOSE,
+    DATA,
+    EOF,
+    MAX_PAYLOAD,
+    TO_GUEST_WINDOW,
+    TO_HOST_WINDOW,
+    FrameError,
+    credit,
+    pack,
+)
 from sandfork.engine.egress import HEAD_LIMIT
 
 Send = Callable[[bytes], None]
@@ -29,7 +40,7 @@ class TunnelStream:
         self._in_eof = False
         self._unread = 0  # bytes received that the guest has not been granted back
         self._out = bytearray()
-        self._credit = WINDOW  # bytes the guest lets us send
+        self._credit = TO_GUEST_WINDOW  # bytes the guest lets us send
         self._eof_pending = False
         self.closed = False
         self._changed = asyncio.Event()  # input arrived, credit granted, or closed
@@ -41,7 +52,7 @@ class TunnelStream:
         if self._in_eof:
             raise FrameError(f"stream {self.id}: DATA after EOF")
         self._unread += len(data)
-        if self._unread > WINDOW:
+        if self._unread > TO_HOST_WINDOW:
             raise FrameError(f"stream {self.id}: the guest sent past its window")
         self._in += data
         self._changed.set()
