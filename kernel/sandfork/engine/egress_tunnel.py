@@ -86,6 +86,7 @@ class EgressTunnel:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self.sessions = 0  # sessions established so far (a new one after each reconnect)
+        self.refused = 0  # streams refused at a cap so far
 
     @property
     def open_streams(self) -> int:
@@ -194,7 +195,11 @@ class EgressTunnel:
             task = asyncio.create_task(self._proxy.serve(stream, stream))
             self._streams[stream_id] = (stream, task)
             return
-        log.warning("sandbox %s: egress stream refused: %s", self.name, why)
+        self.refused += 1
+        if self.refused == 1 or self.refused % 1000 == 0:  # a flood is logged, not each one
+            log.warning(
+                "sandbox %s: egress stream refused (%d so far): %s", self.name, self.refused, why
+            )
         message = f"too many connections through the proxy ({why})"
         writer.write(pack(stream_id, DATA, http_error(503, "Service Unavailable", message)))
         writer.write(pack(stream_id, EOF) + pack(stream_id, CLOSE))
