@@ -51,10 +51,15 @@ class AgentProcess:
     """The agent as a subprocess listening on a Unix socket in ``workdir``."""
 
     def __init__(
-        self, workdir: Path, port: str | None = None, extra_path: tuple[str, ...] = ()
+        self,
+        workdir: Path,
+        port: str | None = None,
+        extra_path: tuple[str, ...] = (),
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.workdir = workdir
         self.extra_path = extra_path
+        self.extra_args = extra_args
         self.socket_path = str(workdir / "agent.sock")
         self.port = port
         self.log_path = workdir / "agent.log"
@@ -75,7 +80,7 @@ class AgentProcess:
         with self.log_path.open("ab") as log:
             where = ["--port", self.port] if self.port else ["--listen-unix", self.socket_path]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "sandfork_agent", *where],
+                [sys.executable, "-m", "sandfork_agent", *where, *self.extra_args],
                 env={
                     **os.environ,
                     "PYTHONPATH": os.pathsep.join([str(pkg_root), *self.extra_path]),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from . import __version__, files, system
 from .contexts import ContextRegistry
+from .egress import EgressRelay
 from .exec import DEFAULT_MAX_OUTPUT, run_command
 from .protocol import (
     AgentError,
@@ -25,7 +26,7 @@ from .protocol import (
     required,
     stream_event,
 )
-from .transport import StdioPipes, Transport, UnixListener, VirtioPort
+from .transport import LineReceiver, PipePair, Receiver, Transport, UnixListener, VirtioPort
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ def _env_entry_ok(key: object, value: object) -> bool:
 class Agent:
     """Parses host frames, runs the operations and sends replies and events back."""
 
-    def __init__(self, make_transport: Callable[[Callable[[bytes], None]], Transport]) -> None:
-        self.transport = make_transport(self.on_line)
+    def __init__(self, make_transport: Callable[[Receiver], Transport]) -> None:
+        self.transport = make_transport(LineReceiver(self.on_line))
         self.contexts = ContextRegistry(self.emit)
         self._tasks: set[asyncio.Task[None]] = set()
         self._ops: dict[str, Handler] = {
@@ -231,20 +232,41 @@ class Agent:
         return {}
 
 
-async def serve(port: str, listen_unix: str | None, *, stdio: bool = False) -> None:
-    """Run the agent until SIGTERM or SIGINT, then kill its kernels and commands."""
+def link(
+    port: str, listen_unix: str | None, pipes: tuple[int, int] | None = None
+) -> Callable[[Receiver], Transport]:
+    """How to open one channel to the host: a container's ``pipes`` (read, write), the
+    virtio ``port``, or a Unix socket to listen on (host tests)."""
+
+    def make_transport(receiver: Receiver) -> Transport:
+        if pipes is not None:
+            return PipePair(pipes, receiver)
+        if listen_unix is not None:
+            return UnixListener(listen_unix, receiver)
+        return VirtioPort(port, receiver)
+
+    return make_transport
+
+
+async def serve(
+    agent_link: Callable[[Receiver], Transport],
+    egress_link: Callable[[Receiver], Transport] | None,
+    egress_address: tuple[str, int],
+) -> None:
+    """Run the agent (and the egress relay, given its channel) until SIGTERM or SIGINT, then
+    kill its kernels and commands."""
     system.protect_from_oom()
     loop = asyncio.get_running_loop()
-
-    def make_transport(on_line: Callable[[bytes], None]) -> Transport:
-        if stdio:
-            return StdioPipes(on_line)
-        if listen_unix is not None:
-            return UnixListener(listen_unix, on_line)
-        return VirtioPort(port, on_line)
-
-    agent = Agent(make_transport)
+    agent = Agent(agent_link)
     agent.transport.start()
+    relay = EgressRelay(egress_link, egress_address) if egress_link is not None else None
+    if relay is not None:
+        try:
+            await relay.start()
+        except OSError as e:  # the agent serves on without it
+            log.error("cannot listen on %s:%d for the egress proxy: %s", *egress_address, e)
+            relay.transport.close()
+            relay = None
     agent.contexts.start_default()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -253,5 +275,7 @@ async def serve(port: str, listen_unix: str | None, *, stdio: bool = False) -> N
     try:
         await stop.wait()
     finally:
+        if relay is not None:
+            await relay.close()
         agent.transport.close()
         await agent.close()

@@ -10,6 +10,7 @@ it hands the backend paths and gets back typed answers (:class:`MachineSpec`,
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,10 @@ class Instance(Protocol):
     def memory_bytes(self) -> int:
         """Memory a capture of the sandbox would have to store, in bytes."""
 
+    async def open_egress(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Open the sandbox's egress channel: the byte stream its guest relays its proxy
+        connections over (docs/agent-protocol.md); the engine reopens it after a loss."""
+
     async def disk_chain(self) -> list[Path]:
         """The sandbox's disk as it really is now: the written layer first."""
 
@@ -180,8 +185,8 @@ class Backend(Protocol):
         host_access: bool = False,
     ) -> Instance:
         """Boot a sandbox of ``spec`` on ``disk``, its files in ``directory``; ``spawned``
-        is told the process id as soon as there is one. Its network reaches only the
-        engine's egress proxy unless ``host_access``."""
+        is told the process id as soon as there is one. Its network reaches nothing but
+        the egress channel (:meth:`Instance.open_egress`) unless ``host_access``."""
 
     async def restore(
         self,

@@ -21,7 +21,9 @@ from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
-from sandfork.engine.egress import EgressProxy, exempting
+from sandfork.engine.egress import EgressProxy
+from sandfork.engine.egress_policy import exempting
+from sandfork.engine.egress_tunnel import EgressTunnels
 from sandfork.engine.errors import NotFound
 from sandfork.engine.handlers.base import ApiHandler
 from sandfork.engine.handlers.changes import ChangesHandler
@@ -144,12 +146,12 @@ async def serve(config: EngineConfig) -> None:
     db = Database(home / "engine.sqlite")
     ram = Path(config.ram_dir) if config.ram_dir else default_ram_dir(home)
     ram.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # The guests' only way out (engine/egress.py); a restarted engine listens on the same
-    # path, named in the command line of the VMs it adopts. In the RAM folder: a short path.
-    egress = EgressProxy(ram / "egress.sock", exempting(config.egress_allow))
-    await egress.start()
-    vm = VmBackend(
-        ram, config.accelerator, config.boot_timeout, egress.path, copy_memory=config.copy_memory
+    vm = VmBackend(ram, config.accelerator, config.boot_timeout, copy_memory=config.copy_memory)
+    # The guests' only way out (engine/egress.py), over each sandbox's egress channel.
+    egress = EgressTunnels(
+        EgressProxy(exempting(config.egress_allow)),
+        max_streams_per_sandbox=config.egress_max_streams_per_sandbox,
+        max_streams=config.egress_max_streams,
     )
     container = ContainerBackend(ram, home, config.boot_timeout)
     backends = Backends({"vm": vm, "container": container}, config.backend, config.allow_container)
@@ -174,6 +176,7 @@ async def serve(config: EngineConfig) -> None:
             max_file_bytes=config.max_file_bytes,
             inventory_timeout=config.inventory_timeout,
         ),
+        egress,
     )
     await services.start()
     sockets = bind_sockets(config.port, address=config.ip)
@@ -210,5 +213,4 @@ async def serve(config: EngineConfig) -> None:
         server.stop()
         info.unlink(missing_ok=True)
         await services.stop()
-        await egress.close()
         db.close()

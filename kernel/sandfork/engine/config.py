@@ -94,6 +94,18 @@ class EngineConfig(LoggingConfigurable):
         help="Networks (CIDRs) the egress proxy lets sandboxes reach although they are "
         "private or local, e.g. a package mirror at 10.1.2.3/32.",
     ).tag(config=True)
+    egress_max_streams_per_sandbox = Int(
+        64,
+        min=1,
+        help="Most connections one sandbox may have open through the egress proxy at once; "
+        "one past it is answered 503 at once (never queued).",
+    ).tag(config=True)
+    egress_max_streams = Int(
+        1024,
+        min=1,
+        help="Most connections all sandboxes together may have open through the egress proxy "
+        "at once (each holds one upstream socket of the engine); past it: 503 at once.",
+    ).tag(config=True)
     default_exec_timeout = Float(
         300.0, help="Timeout of an exec or run_code that names none, in seconds."
     ).tag(config=True)

@@ -20,6 +20,7 @@ from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.code_runner import CodeRunner
 from sandfork.engine.db import Database, SandboxRecord
+from sandfork.engine.egress_tunnel import EgressTunnel, EgressTunnels
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
 from sandfork.engine.leases import Leases
 from sandfork.engine.ledger import now
@@ -31,17 +32,34 @@ from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, lo
 log = logging.getLogger(__name__)
 
 _WATCH_TICK = 1.0  # seconds between two checks of the VMs and the leases
+# How long a starting or adopted sandbox waits for its egress session before it is served
+# anyway (its proxy refuses connections until the session is up).
+_EGRESS_READY_S = 10.0
 HIBERNATED = ("hibernated", "waking")  # statuses of a sandbox whose VM is stopped, state kept
 FORK_PARENT = "fork_parent_id"  # metadata of a fork child: the sandbox it was forked from
 
 
 @dataclass
 class Live:
-    """A running sandbox: its record, its backend instance and its code runner."""
+    """A running sandbox: its record, its backend instance, its code runner and the engine's
+    end of its egress channel."""
 
     record: SandboxRecord
     instance: Instance
     runner: CodeRunner
+    egress: EgressTunnel | None = None
+
+    async def detach(self) -> None:
+        """Close the engine's links to the sandbox (it keeps running)."""
+        if self.egress is not None:
+            await self.egress.close()
+        await self.instance.agent.close()
+
+    async def destroy(self) -> None:
+        """Close the links and stop the sandbox."""
+        if self.egress is not None:
+            await self.egress.close()
+        await self.instance.destroy()
 
 
 class SandboxService:
@@ -55,8 +73,10 @@ class SandboxService:
         store: SnapshotStore,
         boot_captures: BootCaptures | None,
         limits: Limits,
+        egress: EgressTunnels | None = None,
     ) -> None:
         self.db = db
+        self.egress = egress
         self.backends = backends
         self.store = store
         self.boot_captures = boot_captures
@@ -89,6 +109,7 @@ class SandboxService:
                 self.db.delete(record.id)
             elif record.status == "running" and record.pid is not None:
                 await self._adopt(record, record.pid)
+        await asyncio.gather(*(self._egress_ready(live) for live in self._live.values()))
         swept = await asyncio.to_thread(self.backends.sweep, self.sandboxes_dir, set(self._live))
         for line in swept:
             log.warning("removed what an interrupted operation left: %s", line)
@@ -116,8 +137,19 @@ class SandboxService:
             log.warning("sandbox %s writes to %s, not %s: fixed", record.id, chain[0], record.disk)
             record.disk = str(chain[0])
             self.db.put(record)
-        self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
+        self._go_live(record, instance)
         log.info("adopted sandbox %s (pid %s)", record.id, record.pid)
+
+    def _go_live(self, record: SandboxRecord, instance: Instance) -> Live:
+        egress = None if self.egress is None else self.egress.open(record.id, instance.open_egress)
+        live = Live(record, instance, CodeRunner(instance.agent), egress)
+        self._live[record.id] = live
+        return live
+
+    @staticmethod
+    async def _egress_ready(live: Live) -> None:
+        if live.egress is not None and not await live.egress.ready(_EGRESS_READY_S):
+            log.warning("sandbox %s: no egress session yet; its proxy refuses", live.record.id)
 
     async def stop(self) -> None:
         """Detach from every sandbox; the VMs keep running for the next engine."""
@@ -126,7 +158,7 @@ class SandboxService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch_task
         for live in self._live.values():
-            await live.instance.agent.close()
+            await live.detach()
 
     async def _watch(self) -> None:
         while True:
@@ -136,7 +168,7 @@ class SandboxService:
                     reason = live.instance.failure_reason() or "its processes exited"
                     self.mark_dead(live.record, reason)
                     self._live.pop(live.record.id, None)
-                    await live.instance.destroy()
+                    await live.destroy()
             for sandbox_id in self.leases.expired():
                 log.warning("sandbox %s: its lease ran out; killing it", sandbox_id)
                 try:
@@ -310,7 +342,7 @@ class SandboxService:
         record.pid = instance.pid
         record.boot_ms = int((time.monotonic() - started) * 1000)
         self.db.put(record)
-        self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
+        await self._egress_ready(self._go_live(record, instance))
 
     async def hibernated(self, sandbox_id: str) -> SandboxRecord:
         """Stop the VM of a sandbox whose capture was just taken for hibernation; its record
@@ -320,7 +352,7 @@ class SandboxService:
         self.db.put(record)  # first: a VM left running by a crash here is swept at start
         live = self._live.pop(sandbox_id, None)
         if live is not None:
-            await live.instance.destroy()
+            await live.destroy()
         return record
 
     async def awake(self, sandbox_id: str) -> Live:
@@ -388,7 +420,7 @@ class SandboxService:
         async with self.lock(sandbox_id):
             live = self._live.pop(sandbox_id, None)
             if live is not None:
-                await live.instance.destroy()
+                await live.destroy()
             else:
                 await asyncio.to_thread(self.backends.of(record).release, Path(record.dir))
             crash_point("kill.destroyed")

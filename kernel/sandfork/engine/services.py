@@ -19,6 +19,7 @@ from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
+from sandfork.engine.egress_tunnel import EgressTunnels
 from sandfork.engine.execution import ExecutionService
 from sandfork.engine.ledger import Ledger
 from sandfork.engine.limits import Limits
@@ -57,12 +58,13 @@ class EngineServices:
         scratch: Path,
         limits: Limits,
         bounds: Bounds,
+        egress: EgressTunnels | None = None,
     ) -> EngineServices:
         """The services of an engine whose state is in ``home`` (fork captures in the RAM
-        folder's ``scratch``)."""
+        folder's ``scratch``); ``egress`` serves the sandboxes' egress channels."""
         store = SnapshotStore(db, home, scratch)
         ledger = Ledger(db)
-        sandboxes = SandboxService(db, backends, home, store, boot_captures, limits)
+        sandboxes = SandboxService(db, backends, home, store, boot_captures, limits, egress)
         execution = ExecutionService(
             sandboxes,
             ledger,

@@ -52,7 +52,7 @@ BUILD_TOOLS = {
 #: Program -> Debian package, only for building as an ordinary user.
 ROOTLESS_TOOLS = {"unshare": "util-linux", "newuidmap": "uidmap", "newgidmap": "uidmap"}
 #: Program -> Debian package, for running sandboxes.
-RUN_TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils", "socat": "socat"}
+RUN_TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils"}
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,16 @@ except OSError:
 '
 """
 _GUEST_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_PROXY = "http://127.0.0.1:3128"  # the agent's egress relay, as in a VM
 
 
 def guest_env() -> dict[str, str]:
     """The agent's environment, as the VM's guest init gives it."""
+    proxies = {name: _PROXY for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    local = {name: "localhost,127.0.0.1" for name in ("NO_PROXY", "no_proxy")}
     return {
+        **proxies,
+        **local,
         "PATH": _GUEST_PATH,
         "HOME": "/root",
         "LANG": "C.UTF-8",

@@ -151,6 +151,10 @@ class ContainerSandbox:
         """The memory of the sandbox's group: about what a capture stores."""
         return self.cgroup.memory_bytes()
 
+    async def open_egress(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The sandbox's egress channel: its shim relays it to fds 3 and 4 of the agent."""
+        return await asyncio.open_unix_connection(str(self.sockets["egress"]))
+
     async def disk_chain(self) -> list[Path]:
         """Its writable layer and the layers below, down to the template's tree."""
         return layers.chain(self.disk)

@@ -45,14 +45,11 @@ class VmBackend:
         ram_dir: Path,
         accelerator: str = "auto",
         boot_timeout: float = 120.0,
-        egress_socket: Path | None = None,
         *,
         copy_memory: bool = False,
     ):
         self.accel: Accelerator = detect_accelerator(accelerator)
         self.boot_timeout = boot_timeout
-        # The engine's egress proxy (engine/egress.py), forwarded into every guest.
-        self.egress_socket = egress_socket
         self.ram_dir = ram_dir
         ram_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.copy_memory = copy_memory  # the way before copy-on-write, to compare
@@ -103,7 +100,7 @@ class VmBackend:
     ) -> Machine:
         """Boot a new VM of ``spec`` on ``disk``; ``spawned`` gets QEMU's pid at once.
 
-        Its network reaches only the egress proxy unless ``host_access``.
+        Its network reaches nothing unless ``host_access``: its way out is the egress channel.
         """
         layout = VmLayout(directory, disk, self.ram_dir)
         return await Machine.launch(
@@ -111,7 +108,7 @@ class VmBackend:
             layout,
             self.boot_timeout,
             spawned=spawned,
-            network=self._network(host_access),
+            network=Network(host_access),
             copy_memory=self.copy_memory,
         )
 
@@ -136,13 +133,10 @@ class VmBackend:
             self.boot_timeout,
             capture.dir,
             spawned,
-            self._network(host_access),
+            Network(host_access),
             capture.memory,
             self.copy_memory,
         )
-
-    def _network(self, host_access: bool) -> Network:
-        return Network(egress_socket=self.egress_socket, host_access=host_access)
 
     async def boot_capture(self, spec: MachineSpec, template: BuiltTemplate, dest: Path) -> None:
         """Boot a VM of ``spec`` on an overlay of the template's image, start its default

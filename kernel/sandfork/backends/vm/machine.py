@@ -86,7 +86,7 @@ class Machine:
         restores under any network. ``copy_memory`` copies the chain's memory into a RAM
         file of the VM's own instead of mapping it (the way before copy-on-write, to compare).
         """
-        longest = max((layout.agent_socket, layout.qmp_socket), key=lambda p: len(str(p)))
+        longest = max(layout.sockets, key=lambda p: len(os.fsencode(p)))
         if len(os.fsencode(longest)) > _MAX_SOCKET_PATH:
             raise VmError(
                 f"the socket path {longest} is longer than the {_MAX_SOCKET_PATH} bytes a Unix "
@@ -179,6 +179,10 @@ class Machine:
                 if tail:
                     parts.append(f"{path.name}: " + " | ".join(tail))
         return "; ".join(parts)
+
+    async def open_egress(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to the guest's egress channel (QEMU serves it on a Unix socket)."""
+        return await asyncio.open_unix_connection(str(self.layout.egress_socket))
 
     def memory_bytes(self) -> int:
         """Guest memory the VM has written since its memory image was mapped."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ def ram_file(ram_dir: Path, directory: Path) -> Path:
     return ram_dir / f"{directory.name}.ram"
 
 
-VM_FILE_SUFFIXES = (".ram", ".qmp", ".agent")  # what a VM keeps in the RAM folder
+VM_FILE_SUFFIXES = (".ram", ".qmp", ".agent", ".egress")  # what a VM keeps in the RAM folder
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,16 @@ class VmLayout:
     @property
     def agent_socket(self) -> Path:
         return self.ram_dir / f"{self.dir.name}.agent"
+
+    @property
+    def egress_socket(self) -> Path:
+        """The guest's egress channel (its ``sandfork.egress`` port), served by QEMU."""
+        return self.ram_dir / f"{self.dir.name}.egress"
+
+    @property
+    def sockets(self) -> tuple[Path, ...]:
+        """Every Unix socket QEMU listens on for this VM."""
+        return (self.qmp_socket, self.agent_socket, self.egress_socket)
 
     @property
     def console_log(self) -> Path:
@@ -100,11 +109,8 @@ class VmSpec:
 # Bump when command_line() changes the VM's devices: saved VM states depend on them.
 # 2: restricted user network with the egress proxy's guestfwd.
 # 3: private copy-on-write RAM; device state saved without RAM or configuration.
-MACHINE_REVISION = 3
-
-#: Where the guest finds the engine's egress proxy (the guest init points HTTP(S)_PROXY here).
-EGRESS_GUEST_ADDRESS = "10.0.2.100"
-EGRESS_GUEST_PORT = 3128
+# 4: the egress channel's virtio-serial port (sandfork.egress) instead of the guestfwd.
+MACHINE_REVISION = 4
 
 
 @dataclass(frozen=True)
@@ -112,28 +118,16 @@ class Network:
     """A VM's user-mode network; not part of :class:`VmSpec`, so a snapshot restores in either.
 
     By default the network is restricted (``restrict=on``): the guest reaches neither the host
-    (``10.0.2.2`` is the host's loopback) nor anything else, except the engine's egress proxy
-    on ``egress_socket``, forwarded into the guest at ``10.0.2.100:3128``. ``host_access``
-    gives the unrestricted slirp network (host loopback included), the proxy still forwarded.
+    (``10.0.2.2`` is the host's loopback) nor anything else; its way out is the egress channel,
+    a virtio-serial port and no network at all. ``host_access`` gives the unrestricted slirp
+    network (host loopback included).
     """
 
-    egress_socket: Path | None = None
     host_access: bool = False
 
     def netdev(self) -> str:
         """The ``-netdev`` option value."""
-        options = ["user", "id=net0"]
-        if not self.host_access:
-            options.append("restrict=on")
-        if self.egress_socket is not None:
-            path = str(self.egress_socket)
-            if "," in path or ":" in path:
-                # socat would read either as the start of its address options.
-                raise ValueError(f"the egress socket path may not contain ',' or ':': {path}")
-            # libslirp runs the command (split like a shell would) for each connection.
-            command = f"socat STDIO UNIX-CONNECT:{shlex.quote(path)}"
-            options.append(f"guestfwd=tcp:{EGRESS_GUEST_ADDRESS}:{EGRESS_GUEST_PORT}-cmd:{command}")
-        return ",".join(options)
+        return "user,id=net0" if self.host_access else "user,id=net0,restrict=on"
 
 
 @functools.cache
@@ -183,6 +177,8 @@ def command_line(spec: VmSpec, layout: VmLayout, network: Network, image: Path) 
         "-device", "virtio-serial-pci",
         "-chardev", f"socket,id=agent,path={layout.agent_socket},server=on,wait=off",
         "-device", "virtserialport,chardev=agent,name=sandfork.agent",
+        "-chardev", f"socket,id=egress,path={layout.egress_socket},server=on,wait=off",
+        "-device", "virtserialport,chardev=egress,name=sandfork.egress",
         "-netdev", network.netdev(),
         "-device", "virtio-net-pci,netdev=net0",
         "-object", "rng-random,id=rng0,filename=/dev/urandom",

@@ -1,0 +1,233 @@
+"""Each sandbox's egress channel, on the engine's side: one connection, many streams.
+
+The guest relays every connection to its proxy address as a stream of one byte channel
+(framing: :mod:`sandfork.agent.channel`); an :class:`EgressTunnel` keeps that channel
+connected (reconnecting after a loss, as after an engine restart or a VM restore), starts
+each session with a ``HELLO``, and serves each stream with the
+:class:`~sandfork.engine.egress.EgressProxy`. A guest's connections cost the engine no
+process and no file descriptor: only the upstream connections the proxy opens, at most
+``max_streams`` per sandbox and :class:`StreamBudget`'s limit in all; a stream past either
+cap is answered ``503`` and closed at once.
+
+The tunnel knows nothing of QEMU: it is handed a coroutine that opens the channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+
+from sandfork.agent.channel import (
+    CLOSE,
+    CREDIT,
+    DATA,
+    EOF,
+    HELLO,
+    OPEN,
+    Decoder,
+    Frame,
+    FrameError,
+    hello,
+    hello_prefix,
+    http_error,
+    pack,
+)
+from sandfork.engine.egress import EgressProxy
+from sandfork.engine.egress_stream import TunnelStream
+
+log = logging.getLogger(__name__)
+
+Opener = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+_HELLO_REPEAT_S = 0.5  # until the guest echoes it (a restored guest may have eaten one)
+_RETRY_S = (0.02, 1.0)  # reconnect delay: first, and most after repeated failures
+_READ_SIZE = 1 << 16
+
+
+class StreamBudget:
+    """How many streams all sandboxes together may have open."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self) -> bool:
+        """Reserve one stream; ``False`` when none is left."""
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        """Return one stream."""
+        self.used -= 1
+
+
+class EgressTunnel:
+    """The engine's end of one sandbox's egress channel."""
+
+    def __init__(
+        self,
+        name: str,
+        opener: Opener,
+        proxy: EgressProxy,
+        budget: StreamBudget,
+        max_streams: int,
+    ) -> None:
+        self.name = name
+        self._opener = opener
+        self._proxy = proxy
+        self._budget = budget
+        self.max_streams = max_streams
+        self._streams: dict[int, tuple[TunnelStream, asyncio.Task[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self.sessions = 0  # sessions established so far (a new one after each reconnect)
+        self.refused = 0  # streams refused at a cap so far
+
+    @property
+    def open_streams(self) -> int:
+        """Streams open now."""
+        return len(self._streams)
+
+    def start(self) -> None:
+        """Start (and keep) connecting in the background."""
+        self._task = asyncio.create_task(self._run(), name=f"egress {self.name}")
+
+    async def ready(self, timeout: float) -> bool:
+        """Wait until a session is up (the guest answered the ``HELLO``); ``False`` if not
+        within ``timeout`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        return self._ready.is_set()
+
+    async def close(self) -> None:
+        """Disconnect and drop every stream."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        delay = _RETRY_S[0]
+        while True:
+            try:
+                reader, writer = await self._opener()
+            except OSError as e:
+                log.debug("sandbox %s: egress channel not open (%s)", self.name, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_S[1])
+                continue
+            try:
+                await self._session(reader, writer)
+                delay = _RETRY_S[0]
+            except FrameError as e:
+                log.warning("sandbox %s: dropping its egress channel: %s", self.name, e)
+                delay = _RETRY_S[1]  # a guest that keeps sending garbage reconnects slowly
+            except (OSError, asyncio.IncompleteReadError) as e:
+                log.info("sandbox %s: egress channel lost (%s)", self.name, e)
+            finally:
+                self._ready.clear()
+                await self._drop_streams()
+                writer.close()
+            await asyncio.sleep(delay)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = secrets.randbits(64)
+        decoder = Decoder(hello_prefix(session))
+        repeat = asyncio.create_task(self._repeat_hello(writer, session))
+        try:
+            while data := await reader.read(_READ_SIZE):
+                for frame in decoder.feed(data):
+                    if not self._ready.is_set():  # the first frame is the guest's echo
+                        repeat.cancel()
+                        self._ready.set()
+                        self.sessions += 1
+                        log.info("sandbox %s: egress session %016x", self.name, session)
+                    self._on_frame(frame, session, writer)
+                await writer.drain()  # the guest does not read: stop reading it
+        finally:
+            repeat.cancel()
+
+    async def _repeat_hello(self, writer: asyncio.StreamWriter, session: int) -> None:
+        while True:
+            writer.write(hello(session, self.max_streams))
+            await asyncio.sleep(_HELLO_REPEAT_S)
+
+    def _on_frame(self, frame: Frame, session: int, writer: asyncio.StreamWriter) -> None:
+        kind, stream_id = frame.kind, frame.stream
+        if kind == HELLO:
+            if frame.hello()[0] != session:
+                raise FrameError("HELLO of another session")
+            return  # the echo of a repeated HELLO
+        if kind == OPEN:
+            self._open(stream_id, writer)
+            return
+        entry = self._streams.get(stream_id)
+        if entry is None:
+            if kind in (DATA, EOF):
+                writer.write(pack(stream_id, CLOSE))
+            return
+        stream = entry[0]
+        if kind == DATA:
+            stream.feed(frame.payload)
+        elif kind == EOF:
+            stream.feed_eof()
+        elif kind == CREDIT:
+            stream.grant(frame.credit)
+        elif kind == CLOSE:
+            stream.closed_by_guest()
+            entry[1].cancel()
+
+    def _open(self, stream_id: int, writer: asyncio.StreamWriter) -> None:
+        if stream_id in self._streams:
+            raise FrameError(f"stream {stream_id} opened twice")
+        if len(self._streams) >= self.max_streams:
+            why = f"at most {self.max_streams} at once per sandbox"
+        elif not self._budget.take():
+            why = f"at most {self._budget.limit} at once for all sandboxes of this engine"
+        else:
+            stream = TunnelStream(stream_id, writer.write, self._closed)
+            task = asyncio.create_task(self._proxy.serve(stream, stream))
+            self._streams[stream_id] = (stream, task)
+            return
+        self.refused += 1
+        if self.refused == 1 or self.refused % 1000 == 0:  # a flood is logged, not each one
+            log.warning(
+                "sandbox %s: egress stream refused (%d so far): %s", self.name, self.refused, why
+            )
+        message = f"too many connections through the proxy ({why})"
+        writer.write(pack(stream_id, DATA, http_error(503, "Service Unavailable", message)))
+        writer.write(pack(stream_id, EOF) + pack(stream_id, CLOSE))
+
+    def _closed(self, stream: TunnelStream) -> None:
+        entry = self._streams.get(stream.id)
+        if entry is not None and entry[0] is stream:
+            del self._streams[stream.id]
+            self._budget.give()
+
+    async def _drop_streams(self) -> None:
+        entries = list(self._streams.values())
+        for stream, task in entries:
+            stream.closed_by_guest()
+            task.cancel()
+        await asyncio.gather(*(task for _, task in entries), return_exceptions=True)
+
+
+class EgressTunnels:
+    """The egress tunnels of one engine: one per running sandbox, one budget for all."""
+
+    def __init__(self, proxy: EgressProxy, max_streams_per_sandbox: int, max_streams: int):
+        self.proxy = proxy
+        self.max_streams_per_sandbox = max_streams_per_sandbox
+        self.budget = StreamBudget(max_streams)
+
+    def open(self, name: str, opener: Opener) -> EgressTunnel:
+        """Start the tunnel of sandbox ``name``, whose channel ``opener`` opens."""
+        tunnel = EgressTunnel(name, opener, self.proxy, self.budget, self.max_streams_per_sandbox)
+        tunnel.start()
+        return tunnel
