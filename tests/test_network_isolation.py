@@ -132,6 +132,37 @@ def test_proxy_relays_what_its_policy_allows(tmp_path: Path, secret_server: Secr
     secret_server.requests.clear()
 
 
+def test_a_package_source_is_reached_by_name_and_port_only(
+    tmp_path: Path, secret_server: SecretServer
+) -> None:
+    """The host's package sources pass wherever they resolve (here: loopback, as a mirror on
+    the host would), but only by that name and on that port."""
+    port = secret_server.port
+    allowed, other_port, by_address = _through_proxy(
+        tmp_path,
+        [
+            f"GET http://localhost:{port}/index HTTP/1.1\r\nHost: localhost\r\n\r\n".encode(),
+            f"GET http://localhost:{port + 1}/x HTTP/1.1\r\nHost: localhost\r\n\r\n".encode(),
+            f"GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode(),
+        ],
+        sources=frozenset({("localhost", port)}),
+    )
+    assert allowed.startswith(b"HTTP/1.0 200") and allowed.endswith(SECRET.encode())
+    for refused in (other_port, by_address):
+        assert refused.startswith(b"HTTP/1.1 403 Forbidden"), refused
+    assert secret_server.requests == ["/index"]
+    secret_server.requests.clear()
+
+
+def test_the_hosts_package_sources_are_read_from_its_own_configuration() -> None:
+    from pip._internal.models.index import PyPI
+
+    from sandfork.engine.package_sources import package_sources
+
+    sources = package_sources()
+    assert (PyPI.netloc, 443) in sources and (PyPI.file_storage_domain, 443) in sources
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator[EngineProcess]:
     """An engine of this module that accepts ``host_access``."""

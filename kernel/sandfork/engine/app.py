@@ -57,6 +57,7 @@ from sandfork.engine.handlers.snapshots import (
 from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
 from sandfork.engine.http_server import EngineHTTPServer
 from sandfork.engine.limits import Limits
+from sandfork.engine.package_sources import package_sources
 from sandfork.engine.services import Bounds, EngineServices
 from sandfork.paths import cache_dir, state_dir
 from sandfork.protocol import CONTEXT_ID, SANDBOX_ID, SNAPSHOT_ID
@@ -149,7 +150,10 @@ async def serve(config: EngineConfig) -> None:
     vm = VmBackend(ram, config.accelerator, config.boot_timeout, copy_memory=config.copy_memory)
     # The guests' only way out (engine/egress.py), over each sandbox's egress channel.
     egress = EgressTunnels(
-        EgressProxy(exempting(config.egress_allow)),
+        EgressProxy(
+            exempting(config.egress_allow),
+            package_sources() if config.egress_allow_package_sources else frozenset(),
+        ),
         max_streams_per_sandbox=config.egress_max_streams_per_sandbox,
         max_streams=config.egress_max_streams,
     )

@@ -89,6 +89,13 @@ class EngineConfig(LoggingConfigurable):
         "host's loopback services (at 10.0.2.2) and private networks directly. Off: every "
         "sandbox's network reaches only the egress proxy, which refuses such addresses.",
     ).tag(config=True)
+    egress_allow_package_sources = Bool(
+        True,
+        help="Let sandboxes reach this host's package sources (pip's default index and file "
+        "host, the index URLs of the host's pip configuration, the Debian mirror templates "
+        "are built from) by name and port, whatever address they resolve to: a mirror on a "
+        "private network or behind a TLS-inspecting gateway at a reserved address.",
+    ).tag(config=True)
     egress_allow = List(
         Unicode(),
         help="Networks (CIDRs) the egress proxy lets sandboxes reach although they are "

@@ -124,11 +124,19 @@ class EgressProxy:
     """An HTTP proxy (``CONNECT`` and absolute-URI requests) serving one connection at a time
     per :meth:`serve` call.
 
-    ``policy`` decides which resolved addresses may be connected to (:func:`refusal`).
+    ``policy`` decides which resolved addresses may be connected to (:func:`refusal`), but
+    for the (host name, port) pairs in ``sources``, the host's package sources
+    (:mod:`sandfork.engine.package_sources`), which are connected to wherever they resolve.
     """
 
-    def __init__(self, policy: Policy = refusal) -> None:
+    def __init__(
+        self, policy: Policy = refusal, sources: frozenset[tuple[str, int]] = frozenset()
+    ) -> None:
         self.policy = policy
+        self.sources = sources
+
+    def _policy(self, host: str, port: int) -> Policy:
+        return _anywhere if (host.lower().rstrip("."), port) in self.sources else self.policy
 
     async def serve(self, reader: Incoming, writer: Outgoing) -> None:
         """Serve one client connection until either side is done, then close it."""
@@ -156,7 +164,7 @@ class EgressProxy:
             raise ProxyError(400, "Bad Request", f"bad request line {request_line!r}") from e
         if method.upper() == "CONNECT":
             host, port = _split_authority(target, 443)
-            up_reader, up_writer = await open_checked(host, port, self.policy)
+            up_reader, up_writer = await open_checked(host, port, self._policy(host, port))
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
             try:
@@ -171,7 +179,7 @@ class EgressProxy:
                     f"(got {method} {target[:200]})",
                 )
             host, port = _split_authority(url.netloc, 80)
-            up_reader, up_writer = await open_checked(host, port, self.policy)
+            up_reader, up_writer = await open_checked(host, port, self._policy(host, port))
             path = url.path or "/"
             if url.query:
                 path += "?" + url.query
@@ -187,6 +195,11 @@ class EgressProxy:
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         finally:
             up_writer.close()
+
+
+def _anywhere(_ip: object) -> None:
+    """The policy of a package source: whatever address its name resolves to."""
+    return None
 
 
 async def _pipe(reader: Incoming, writer: Outgoing) -> None:

@@ -16,6 +16,7 @@ the restorer (``criu restore --root``), because it is the overlay of the sandbox
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -138,15 +139,16 @@ def launch(config: LaunchConfig) -> None:
     os.setsid()  # CRIU restores a session only if its leader is inside the sandbox
     if _libc.unshare(_NAMESPACES) != 0:
         raise OSError(ctypes.get_errno(), "cannot make the sandbox's namespaces")
+    # While it may: the sandbox's init and agent are the last the OOM killer picks in the
+    # sandbox's group (the agent gives what it starts the default back, as in a VM). Without
+    # CAP_SYS_RESOURCE (some hosts drop it even for root) only down to what the engine has.
+    with contextlib.suppress(PermissionError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-1000")
     rules = lockdown.build_filter()
     build_root(config)
     _loopback_up()
     socket.sethostname("sandbox")
     _pivot(config.root)
-    # While it may: the sandbox's init and agent are the last the OOM killer picks in the
-    # sandbox's group (the agent gives what it starts the default back, as in a VM).
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("-1000")
     lockdown.drop_privileges(rules)
     os.execve(config.command[0], config.command, config.env)
 
