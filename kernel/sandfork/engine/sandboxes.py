@@ -406,3 +406,13 @@ class SandboxService:
         """Refuse new sandboxes that would go past the engine's limits (429)."""
         running = [r.memory_mb for r in self._records.values() if r.status != "dead"]
         self.limits.check_start(running, count, memory_mb)
+
+    def tracked(self) -> dict[str, int]:
+        """Sizes of this service's tables (:mod:`sandfork.engine.stats`)."""
+        return {
+            "sandbox_records": len(self._records),
+            "live_sandboxes": len(self._live),
+            "sandbox_locks": len(self._locks),
+            "template_locks": len(self._template_locks),
+            "leases": len(self.leases),
+        }
