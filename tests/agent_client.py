@@ -274,6 +274,10 @@ class AgentClient:
         """Send a request and return its result, raising AgentRequestError on failure."""
         return (await self.call(op, wait=wait, **args)).result
 
+    def streamed_so_far(self) -> list[Frame]:
+        """The events of the requests not answered yet, as they arrived."""
+        return [frame for events in self._events.values() for _, frame in events]
+
     async def wait_event(self, match: Callable[[Frame], bool], timeout: float = 30.0) -> Frame:
         """Remove and return the first unsolicited event that matches."""
         async with asyncio.timeout(timeout):

@@ -11,12 +11,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
+from sandfork.holdpoints import HOLD_POINTS
 from sandfork.sdk import Client, NotFoundError, SandforkError
 from sandfork.templates import ensure_template
 
@@ -60,6 +61,7 @@ class EngineProcess:
                 **os.environ,
                 "SANDFORK_HOME": str(self.home),
                 "SANDFORK_RAM_DIR": str(self.ram_dir),
+                "SANDFORK_HOLD_DIR": str(self.hold_dir),
                 **self.env,
             },
         )
@@ -75,6 +77,32 @@ class EngineProcess:
                 return
             time.sleep(0.05)
         raise RuntimeError("engine did not start")
+
+    @property
+    def hold_dir(self) -> Path:
+        """Where the engine's hold points look for their gates (:mod:`sandfork.holdpoints`)."""
+        folder = self.home / "holds"
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    @contextlib.contextmanager
+    def holding(self, point: str) -> Iterator[Callable[[], None]]:
+        """Park every operation that reaches hold point ``point`` until the block ends;
+        yields a function that returns once one is parked there."""
+        assert point in HOLD_POINTS, point
+        gate = self.hold_dir / point
+        gate.touch()
+
+        def parked(timeout: float = 300.0) -> None:  # a bound for a hang, not a speed
+            deadline = time.monotonic() + timeout
+            while not gate.with_name(f"{point}.held").exists():
+                assert time.monotonic() < deadline, f"nothing reached hold point {point}"
+                time.sleep(0.01)
+
+        try:
+            yield parked
+        finally:
+            gate.unlink()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None and self.process.poll() is None:

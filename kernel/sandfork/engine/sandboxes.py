@@ -26,6 +26,7 @@ from sandfork.engine.leases import Leases
 from sandfork.engine.ledger import now
 from sandfork.engine.limits import Limits
 from sandfork.engine.snapshots import SnapshotStore
+from sandfork.holdpoints import hold_point
 from sandfork.protocol import new_sandbox_id
 from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, load_spec
 
@@ -221,6 +222,7 @@ class SandboxService:
     ) -> SandboxRecord:
         """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
         with self.store.in_use(snapshot_id) as snap:
+            await hold_point("restore.in_use")
             memory = self.store.memory_chain(snap.memory)
             capture = Capture(self.store.path(snap.id), snap.vm, Path(snap.disk), memory)
             self.check_room(1, snap.vm["memory_mb"])

@@ -35,6 +35,7 @@ from sandfork.engine.snapshots import (
     stored_bytes,
     write_attachments,
 )
+from sandfork.holdpoints import hold_point
 from sandfork.protocol import INVENTORY_ATTACHMENT
 
 PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
@@ -156,6 +157,7 @@ class SnapshotService:
         attachments: dict[str, bytes] | None,
     ) -> SnapshotRecord:
         """:meth:`snapshot`, the sandbox's lock held."""
+        await hold_point("snapshot.capture")
         live = self.sandboxes.live(sandbox_id)  # it may have been killed while we waited
         record = live.record
         contexts = await self.execution.contexts(sandbox_id)
