@@ -145,6 +145,7 @@ class SnapshotService:
                 record.status = "hibernated"
                 self.sandboxes.save(record)
                 raise ApiError(f"could not wake sandbox {sandbox_id}: {e}", 500) from e
+            crash_point("wake.resumed")
             self.store.delete(snap.id, self.sandboxes.all())
         return record
 
@@ -164,6 +165,7 @@ class SnapshotService:
         if not hidden and HIBERNATION not in (metadata or {}):
             found = await inventory.take(live, contexts.get("contexts", []), self.inventory_timeout)
             attachments = {**(attachments or {}), INVENTORY_ATTACHMENT: found}
+            crash_point("snapshot.inventoried")
         snapshot_id = new_snapshot_id()
         # A fork's capture is thrown away once the children run: keep it off the disk.
         staging = self.store.staging(snapshot_id, in_memory=hidden)
@@ -268,6 +270,7 @@ class SnapshotService:
             with contextlib.suppress(NotFound):  # already gone
                 await self.sandboxes.kill(victim)
                 killed.append(victim)
+        crash_point("promote.killed")
         metadata = {k: v for k, v in child.metadata.items() if k != FORK_PARENT}
         child.metadata = {**metadata, PROMOTED_FROM: parent_id}
         self.sandboxes.save(child)
