@@ -62,7 +62,7 @@ class AgentProcess:
         self.kernel_pids: set[int] = set()
         self.leaked_kernels: list[int] = []
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
         """Copy the package as ``sandfork_agent``, start it and wait for its socket.
 
         With ``port`` the agent serves that device (as in the guest) and there is no socket.

@@ -204,10 +204,9 @@ def test_proxy_relays_what_its_policy_allows(tmp_path: Path, secret_server: Secr
 
 # Runs in the guest: each probe is a direct fetch (no proxy) or raw bytes sent to the proxy.
 PROBE = r"""
-import json, socket, sys, time, urllib.request
+import json, socket, sys, urllib.request
 results = []
 for kind, target in json.loads(sys.argv[1]):
-    started = time.monotonic()
     try:
         if kind == "direct":
             opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -225,7 +224,6 @@ for kind, target in json.loads(sys.argv[1]):
         results.append({"ok": True, "out": out})
     except Exception as e:
         results.append({"ok": False, "out": f"{type(e).__name__}: {e}"})
-    results[-1]["seconds"] = time.monotonic() - started
 print(json.dumps(results))
 """
 
@@ -288,8 +286,7 @@ def test_default_sandbox_cannot_reach_the_host(
         ],
     )
     for result in direct:
-        assert not result["ok"] and "refused" in result["out"], result
-        assert result["seconds"] < 3, result
+        assert not result["ok"] and "refused" in result["out"], result  # refused, not timed out
     refused = _probe(
         sandbox,
         [

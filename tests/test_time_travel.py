@@ -155,11 +155,11 @@ def test_a_long_checkpoint_pause_moves_the_kernel_onto_its_checkpoint(
             Sandbox.get(booted, engine.client())  # the kernel's own: gone with the move
         expected = 2 * 1_000_000 + 3 * 1_000_000 + 498_000_000
         assert stdout(execute(kc, "print(int(big.sum()))")).strip() == str(expected)
-        pauses = {
-            s.metadata.get("cell_id"): s.paused_ms for s in Snapshot.list(client=engine.client())
-        }
-        # Its memory maps the checkpoint now: the next one pauses for what changed only.
-        assert pauses["cell-2"] < pauses["cell-1"] / 2, pauses
+        by_cell = {s.metadata.get("cell_id"): s.id for s in Snapshot.list(client=engine.client())}
+        # Its memory maps cell 1's checkpoint now: the next capture reads only the pages
+        # written since (how much shorter its pause is: benchmarks/bench_time_travel.py).
+        listed = engine.client().request("GET", f"/sandboxes/{moved}")
+        assert listed["from_snapshot"] == by_cell["cell-1"], (listed, by_cell)
 
 
 def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
