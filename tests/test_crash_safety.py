@@ -23,8 +23,6 @@ from sandfork.crashpoints import CRASH_POINTS
 from sandfork.engine.sandboxes import FORK_PARENT
 from sandfork.sdk import Sandbox, SandforkError
 
-pytestmark = pytest.mark.vm
-
 Operation = Callable[[Sandbox, str], object]
 
 
@@ -53,6 +51,7 @@ def test_every_crash_point_is_tested() -> None:
     assert set(OPERATIONS) == set(CRASH_POINTS)
 
 
+@pytest.mark.vm
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_engine_killed_inside_an_operation(own_engine: EngineProcess, point: str) -> None:
     original = Sandbox.create(client=own_engine.client())

@@ -49,6 +49,7 @@ def send(engine: EngineProcess, case: Case, sandbox_id: str) -> requests.Respons
     return requests.request(case.method, engine.url + path, data=body, headers=headers, timeout=120)
 
 
+@pytest.mark.vm
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_request_gets_a_clear_4xx(engine: EngineProcess, sandbox: str, name: str) -> None:
     case = CASES[name]
@@ -95,6 +96,7 @@ def test_a_body_declared_too_large_to_read_is_refused_before_it_is_sent(
         conn.close()
 
 
+@pytest.mark.vm
 def test_big_files_and_devices_leave_the_vm_running(engine: EngineProcess, sandbox: str) -> None:
     client = engine.client()
     client.request("POST", f"/sandboxes/{sandbox}/exec", json={"cmd": "truncate -s 400M /root/big"})
@@ -140,6 +142,7 @@ def quick_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePro
     proc.close()
 
 
+@pytest.mark.vm
 def test_a_fork_bomb_gets_an_answer_within_the_deadline(
     engine: EngineProcess, sandbox: str
 ) -> None:
@@ -166,6 +169,7 @@ def test_a_fork_bomb_gets_an_answer_within_the_deadline(
     _assert_answers(engine, sandbox)
 
 
+@pytest.mark.vm
 def test_a_stopped_agent_is_reported_unresponsive_within_the_deadline(
     quick_engine: EngineProcess, engine: EngineProcess, sandbox: str
 ) -> None:
@@ -188,6 +192,7 @@ def test_a_stopped_agent_is_reported_unresponsive_within_the_deadline(
     _assert_answers(engine, sandbox)
 
 
+@pytest.mark.vm
 def test_the_engine_and_the_sandbox_are_unharmed(engine: EngineProcess, sandbox: str) -> None:
     assert engine.get("/v1/health").json()["status"] == "ok"
     assert engine.get(f"/v1/sandboxes/{sandbox}").json()["error"] is None
