@@ -4,11 +4,12 @@ A leak is something the engine keeps for each piece of work it did and never let
 that it grows without bound with the work done. The engine's RSS is a poor measure of that: a
 capture commits a buffer for the pages it copies and the allocator returns freed memory when
 it likes, so RSS swings by tens of MiB either way from one moment to the next without any
-leak. What is counted here does not swing: live Python objects by type (after a full
-collection), open file descriptors, threads, asyncio tasks, agent requests waiting for an
-answer, and the sizes of the engine's own tables of sandboxes, locks, leases and snapshots.
-Taken while the engine is idle, after the same work done again, each count comes back to
-where it was; a leak makes one of them grow with every repetition (``tests/test_load.py``).
+leak. What is counted here moves little, and within bounds of its own: live Python objects
+by type (after a full collection), open file descriptors, threads, asyncio tasks, agent
+requests waiting for an answer, and the sizes of the engine's own tables of sandboxes, locks,
+leases and snapshots. Taken while the engine is idle, after the same work done again, each
+count comes back to where it was (a few, such as timers not yet due, move back and forth); a
+leak makes one of them grow with every repetition (``tests/test_load.py``).
 """
 
 from __future__ import annotations
