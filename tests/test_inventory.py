@@ -417,6 +417,16 @@ def inventory_of(client: Client, snapshot_id: str) -> Inventory:
     return Snapshot.get(snapshot_id, client=client).inventory()
 
 
+# Run in a guest kernel: its inventories get all the time they need. The time budget is a
+# bound for slow machines (checked above with a clock the test moves); what an inventory
+# says of the variables must not depend on how loaded the machine running the test is.
+NO_TIME_BUDGET = (
+    "import functools as _f, sandfork_agent.inventory as _i\n"
+    "_i.inventory = _f.partial(_i.inventory, budget_s=3600.0)\n"
+    "del _f, _i\n"
+)
+
+
 @pytest.mark.vm
 def test_a_snapshot_carries_its_inventory_and_two_compare(
     client: Client, engine: EngineProcess
@@ -425,7 +435,7 @@ def test_a_snapshot_carries_its_inventory_and_two_compare(
     try:
         ctx = sb.create_code_context()
         setup = ctx.run_code(
-            "import numpy as np, pandas as pd\n"
+            NO_TIME_BUDGET + "import numpy as np, pandas as pd\n"
             "df = pd.DataFrame({'a': range(1000), 'b': ['x'] * 1000})\n"
             "grid = np.zeros((100, 3))\n"
             "n = 1"
