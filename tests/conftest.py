@@ -168,7 +168,7 @@ class EngineProcess:
         return Client(self.url, self.api_key)
 
     def get(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.get(f"{self.url}{path}", headers=self.auth, timeout=60, **kwargs)  # type: ignore[arg-type]
+        return requests.get(f"{self.url}{path}", headers=self.auth, timeout=600, **kwargs)  # type: ignore[arg-type]
 
     @property
     def auth(self) -> dict[str, str]:

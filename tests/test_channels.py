@@ -157,7 +157,7 @@ async def test_rest_restart_gives_a_fresh_kernel(engine: EngineProcess) -> None:
         context = sandbox.create_code_context()
         context.run_code("marker = 1")
         path = f"/v1/sandboxes/{sandbox.id}/repl/sessions/default/restart"
-        assert requests.post(engine.url + path, headers=engine.auth, timeout=60).status_code == 204
+        assert requests.post(engine.url + path, headers=engine.auth, timeout=600).status_code == 204
         assert context.run_code("marker").error.name == "NameError"  # type: ignore[union-attr]
         unauthorized = requests.post(engine.url + path, timeout=60)
         assert unauthorized.status_code == 401
