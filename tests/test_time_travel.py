@@ -156,10 +156,12 @@ def test_a_long_checkpoint_pause_moves_the_kernel_onto_its_checkpoint(
         expected = 2 * 1_000_000 + 3 * 1_000_000 + 498_000_000
         assert stdout(execute(kc, "print(int(big.sum()))")).strip() == str(expected)
         by_cell = {s.metadata.get("cell_id"): s.id for s in Snapshot.list(client=engine.client())}
-        # Its memory maps cell 1's checkpoint now: the next capture reads only the pages
-        # written since (how much shorter its pause is: benchmarks/bench_time_travel.py).
-        listed = engine.client().request("GET", f"/sandboxes/{moved}")
-        assert listed["from_snapshot"] == by_cell["cell-1"], (listed, by_cell)
+        # Cell 2's checkpoint was taken of a sandbox restored from cell 1's: the kernel's
+        # memory mapped that checkpoint, so the capture read only the pages written since (how
+        # much shorter its pause is: benchmarks/bench_time_travel.py). Whether that pause
+        # moved the kernel once more is the machine's speed, not checked.
+        second = engine.client().request("GET", f"/snapshots/{by_cell['cell-2']}")
+        assert second["parent_id"] == by_cell["cell-1"], (second, by_cell)
 
 
 def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
@@ -169,14 +171,14 @@ def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
     execute(kc, "import numpy as np\nx = 42\nbig = np.arange(5_000_000)")
     assert "after 2 s" in stdout(execute(kc, "%hibernate after 2"))
     sandbox = sandbox_id(km)
-    wait_status(engine, sandbox, "hibernated", 60)
+    wait_status(engine, sandbox, "hibernated", 300)
     with pytest.raises(LookupError):
         engine.qemu_pid(sandbox)  # its VM is gone
     assert km.is_alive()
 
     # A completion wakes it (and is answered by the guest); then its variables are there.
     kc.complete("bi", 2)
-    reply = kc.get_shell_msg(timeout=120)
+    reply = kc.get_shell_msg(timeout=600)  # a wake: minutes on a loaded machine
     assert reply["msg_type"] == "complete_reply" and "big" in reply["content"]["matches"]
     assert Sandbox.get(sandbox, engine.client()).status == "running"
     assert stdout(execute(kc, "print(x, int(big.sum()))")).strip() == (
@@ -184,7 +186,7 @@ def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
     )
 
     # It sleeps again once idle; an execute wakes it the same way.
-    wait_status(engine, sandbox, "hibernated", 60)
+    wait_status(engine, sandbox, "hibernated", 300)
     assert stdout(execute(kc, "print(x + 1)")).strip() == "43"
     assert "off" in stdout(execute(kc, "%hibernate off"))
     assert "usage" in str(_silent(kc, "%hibernate after soon")["evalue"])
