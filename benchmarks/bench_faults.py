@@ -1,14 +1,15 @@
 """Fault injection: the engine SIGKILLed at random instants of its operations, again and again.
 
-Each round starts one operation (create, snapshot, restore, fork, export, import or delete)
-in a thread, waits for proof that it is in flight (a new VM directory, a snapshot's staging
-folder, a file in the engine's ``tmp`` folder, a VM gone from under a listed sandbox), waits
-a random extra 0-300 ms, and SIGKILLs the engine. A fresh engine then starts on the same
+Each round starts one operation (create, restore, snapshot, a cell's checkpoint as the proxy
+kernel takes it, hibernate, wake, fork, promote, export, import or delete) in a thread, waits
+for proof that it is in flight (a new VM directory, a snapshot's staging folder, a file in the
+engine's ``tmp`` folder, a VM gone from under a listed sandbox), waits a random extra 0-300 ms,
+and SIGKILLs the engine. A fresh engine then starts on the same
 state and ``tests/engine_invariants.check_engine`` checks that every listed snapshot restores
 with its data, every running sandbox snapshots, and nothing is left unowned. Operations that
 finish before any proof shows up are retried, not counted as kills.
 
-    .venv/bin/python benchmarks/bench_faults.py --kills 35
+    .venv/bin/python benchmarks/bench_faults.py --kills 44
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import EngineProcess
-from engine_invariants import check_engine, make_state
+from engine_invariants import cell_checkpoint, check_engine, make_state
 from sandfork.sdk import Sandbox, Snapshot
 
 
@@ -49,38 +50,64 @@ class Round:
         self.engine, self.sandbox, self.snapshot_id = engine, sandbox, snapshot_id
         self.export_file = engine.home.parent / f"{engine.home.name}-export.sfsnap"
 
-    def operations(self) -> dict[str, tuple[Callable[[], object], Callable[[], bool]]]:
-        """Name -> (the call, a test that it is in flight), each test armed now."""
-        home, client = self.engine.home, self.engine.client()
+    def operation(self, name: str) -> tuple[Callable[[], object], Callable[[], bool]]:
+        """The call named ``name`` and a test that it is in flight, armed now (after what
+        the call needs first: a hibernated sandbox to wake, a fork child to promote)."""
+        home, client, sandbox = self.engine.home, self.engine.client(), self.sandbox
+        if name == "wake":
+            sandbox.hibernate()
+        child = sandbox.fork() if name == "promote" else None
         vms = _entries(home / "sandboxes")
         tmp = _entries(home / "tmp")
         new_vm = lambda: bool(_entries(home / "sandboxes") - vms)  # noqa: E731
         new_tmp = lambda: bool(_entries(home / "tmp") - tmp)  # noqa: E731
         staging = lambda: bool(_entries(home / "snapshots", ".tmp-*"))  # noqa: E731
-        victim = self.sandbox.id
-        pid = self.engine.qemu_pid(victim)
+        pid = None if name == "wake" else self.engine.qemu_pid(sandbox.id)
         snapshot = Snapshot.get(self.snapshot_id, client=client)
-        if not self.export_file.exists():
+        if name in ("export", "import") and not self.export_file.exists():
             snapshot.export(self.export_file)
-        return {
+        operations: dict[str, tuple[Callable[[], object], Callable[[], bool]]] = {
             "create": (lambda: Sandbox.create(client=client), new_vm),
             "restore": (
                 lambda: Sandbox.create(from_snapshot=self.snapshot_id, client=client),
                 new_vm,
             ),
-            "snapshot": (lambda: self.sandbox.snapshot(), staging),
-            "fork": (lambda: self.sandbox.fork(), lambda: new_vm() or staging()),
+            "snapshot": (lambda: sandbox.snapshot(), staging),
+            "checkpoint": (lambda: cell_checkpoint(sandbox, self.snapshot_id), staging),
+            "hibernate": (lambda: sandbox.hibernate(), staging),
+            "wake": (lambda: sandbox.wake(), new_vm),
+            "fork": (lambda: sandbox.fork(), lambda: new_vm() or staging()),
+            "promote": (
+                lambda: child.promote() if child else None,
+                lambda: pid is not None and _killed(pid),
+            ),
             "export": (lambda: snapshot.export(self.export_file.with_suffix(".again")), new_tmp),
             "import": (lambda: Snapshot.import_file(self.export_file, client=client), new_tmp),
-            "delete": (lambda: self.sandbox.kill(), lambda: _killed(pid)),
+            "delete": (lambda: sandbox.kill(), lambda: pid is not None and _killed(pid)),
         }
+        return operations[name]
+
+
+OPERATIONS = (
+    "create",
+    "restore",
+    "snapshot",
+    "checkpoint",
+    "hibernate",
+    "wake",
+    "fork",
+    "promote",
+    "export",
+    "import",
+    "delete",
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--kills", type=int, default=35, help="engine kills to inject (>= 30)")
+    parser.add_argument("--kills", type=int, default=44, help="engine kills to inject (>= 30)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -100,10 +127,8 @@ def main() -> None:
             digest = make_state(sandbox, seed)
             snapshot_id = sandbox.snapshot(f"seed-{seed}")
             digests[snapshot_id] = digest
-            name = rng.choice(
-                ["create", "restore", "snapshot", "fork", "export", "import", "delete"]
-            )
-            call, in_flight = Round(engine, sandbox, snapshot_id).operations()[name]
+            name = rng.choice(OPERATIONS)
+            call, in_flight = Round(engine, sandbox, snapshot_id).operation(name)
             done = threading.Event()
 
             def run(call: Callable[[], object] = call, done: threading.Event = done) -> None:
@@ -119,7 +144,8 @@ def main() -> None:
             if done.is_set() and not in_flight():
                 finished_first[name] += 1
             else:
-                time.sleep(0 if name == "delete" else rng.uniform(0, 0.3))  # delete takes ms
+                quick = name in ("delete", "promote")  # killing a VM takes ms
+                time.sleep(0 if quick else rng.uniform(0, 0.3))
                 engine.stop(signal.SIGKILL)
                 kills[name] += 1
                 done.wait(60)

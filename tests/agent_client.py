@@ -67,7 +67,7 @@ class AgentProcess:
         self.kernel_pids: set[int] = set()
         self.leaked_kernels: list[int] = []
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
         """Copy the package as ``sandfork_agent``, start it and wait for its socket.
 
         With ``port`` the agent serves that device (as in the guest) and there is no socket.
@@ -278,6 +278,10 @@ class AgentClient:
     async def request(self, op: str, *, wait: float = 30.0, **args: Any) -> Frame:
         """Send a request and return its result, raising AgentRequestError on failure."""
         return (await self.call(op, wait=wait, **args)).result
+
+    def streamed_so_far(self) -> list[Frame]:
+        """The events of the requests not answered yet, as they arrived."""
+        return [frame for events in self._events.values() for _, frame in events]
 
     async def wait_event(self, match: Callable[[Frame], bool], timeout: float = 30.0) -> Frame:
         """Remove and return the first unsolicited event that matches."""

@@ -11,24 +11,27 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
+from sandfork.holdpoints import HOLD_POINTS
 from sandfork.sdk import Client, NotFoundError, SandforkError
 from sandfork.templates import ensure_template
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]  # jp_fetch & co. for the server extension
+# jp_fetch & co. for the server extension; the check of the vm marker (tests/vm_guard.py)
+pytest_plugins = ["pytest_jupyter.jupyter_server", "vm_guard"]
 
 BACKEND = os.environ.get("SANDFORK_TEST_BACKEND", "vm")
 """The backend the suite's engines run sandboxes on unless a test names one: ``vm`` (the
 whole suite) or ``container`` (the second pass of `scripts/test.sh`: the tests marked
 ``portable``)."""
 
-LEAK_GRACE = 10.0
-"""Seconds a sandbox killed asynchronously after a test (a kernel shutting down) may take."""
+LEAK_GRACE = 60.0
+"""Seconds a sandbox killed asynchronously after a test (a kernel shutting down) may take: a
+bound for a hang on a loaded machine, not a speed (the wait ends as soon as it is gone)."""
 
 
 class EngineProcess:
@@ -43,7 +46,7 @@ class EngineProcess:
         self.url = ""
         self.api_key = ""
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 120.0) -> None:
         info = self.home / "run" / "engine.json"
         info.unlink(missing_ok=True)
         log = (self.home / "engine.log").open("ab")
@@ -67,6 +70,7 @@ class EngineProcess:
                 **os.environ,
                 "SANDFORK_HOME": str(self.home),
                 "SANDFORK_RAM_DIR": str(self.ram_dir),
+                "SANDFORK_HOLD_DIR": str(self.hold_dir),
                 **self.env,
             },
         )
@@ -82,6 +86,32 @@ class EngineProcess:
                 return
             time.sleep(0.05)
         raise RuntimeError("engine did not start")
+
+    @property
+    def hold_dir(self) -> Path:
+        """Where the engine's hold points look for their gates (:mod:`sandfork.holdpoints`)."""
+        folder = self.home / "holds"
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    @contextlib.contextmanager
+    def holding(self, point: str) -> Iterator[Callable[[], None]]:
+        """Park every operation that reaches hold point ``point`` until the block ends;
+        yields a function that returns once one is parked there."""
+        assert point in HOLD_POINTS, point
+        gate = self.hold_dir / point
+        gate.touch()
+
+        def parked(timeout: float = 300.0) -> None:  # a bound for a hang, not a speed
+            deadline = time.monotonic() + timeout
+            while not gate.with_name(f"{point}.held").exists():
+                assert time.monotonic() < deadline, f"nothing reached hold point {point}"
+                time.sleep(0.01)
+
+        try:
+            yield parked
+        finally:
+            gate.unlink()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -123,7 +153,7 @@ class EngineProcess:
         if problems:
             pytest.fail(f"engine {self.home} was left unclean: " + "; ".join(problems))
 
-    def wait_for_ram_files_gone(self, timeout: float = 30.0) -> list[Path]:
+    def wait_for_ram_files_gone(self, timeout: float = 120.0) -> list[Path]:
         """The RAM folder's files still there after ``timeout`` (the engine deletes captures
         in the background)."""
         deadline = time.monotonic() + timeout
@@ -145,7 +175,7 @@ class EngineProcess:
         return Client(self.url, self.api_key)
 
     def get(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.get(f"{self.url}{path}", headers=self.auth, timeout=60, **kwargs)  # type: ignore[arg-type]
+        return requests.get(f"{self.url}{path}", headers=self.auth, timeout=600, **kwargs)  # type: ignore[arg-type]
 
     @property
     def auth(self) -> dict[str, str]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import sqlite3
 
 from conftest import EngineProcess
-from sandfork.sdk import Sandbox
+from sandfork.proxy_kernel.checkpoints import CellCheckpoints
+from sandfork.sdk import Sandbox, Snapshot
 
 STATE_CODE = (
     "import hashlib, numpy as np\n"
@@ -28,6 +29,16 @@ def make_state(sandbox: Sandbox, seed: int) -> str:
     result = sandbox.create_code_context().run_code(STATE_CODE.format(seed=seed))
     assert result.error is None, result.error
     return result.text.strip("'")
+
+
+def cell_checkpoint(sandbox: Sandbox, previous: str) -> Snapshot:
+    """The proxy kernel's checkpoint after a cell (on top of checkpoint ``previous``), taken
+    as its kernel takes it."""
+    checkpoints = CellCheckpoints(enabled=True, head=previous)
+    checkpoints.started("msg-1", "x = 1", {"cellId": "cell-1"})
+    metadata = checkpoints.finished("msg-1", b'{"execution_count": 1}')
+    assert metadata is not None
+    return checkpoints.take(sandbox, metadata)
 
 
 def state_digests(sandbox: Sandbox) -> tuple[str, str]:
@@ -61,13 +72,15 @@ def owned_layers(engine: EngineProcess) -> tuple[set[str], set[str]]:
 
 
 def check_engine(engine: EngineProcess, digests: dict[str, str]) -> None:
-    """Every listed snapshot restores with the data it was taken with (``digests`` maps
-    snapshot ids to the SHA-256 of :func:`make_state`), every running sandbox snapshots,
-    and no QEMU process, layer, RAM file or temporary file is left that nothing owns."""
+    """Every listed snapshot restores and answers, with the data it was taken with where
+    ``digests`` knows it (snapshot ids to the SHA-256 of :func:`make_state`); every running
+    sandbox snapshots, every hibernated one wakes (and runs on); and no QEMU process, layer,
+    RAM file or temporary file is left that nothing owns."""
     client = engine.client()
     sandboxes = client.request("GET", "/sandboxes")["items"]
     running = {s["id"] for s in sandboxes if s["status"] == "running"}
-    assert {s["status"] for s in sandboxes} <= {"running", "dead"}, sandboxes
+    hibernated = [s["id"] for s in sandboxes if s["status"] == "hibernated"]
+    assert {s["status"] for s in sandboxes} <= {"running", "hibernated", "dead"}, sandboxes
 
     pids = engine.qemu_pids()
     assert len(pids) == len(running), f"QEMU processes {pids} for sandboxes {running}"
@@ -81,15 +94,22 @@ def check_engine(engine: EngineProcess, digests: dict[str, str]) -> None:
     assert on_disk == reachable, f"unowned layers {on_disk - reachable}, lost {reachable - on_disk}"
 
     for snap in client.request("GET", "/snapshots")["snapshots"]:
-        if snap["id"] not in digests:
-            continue
         restored = Sandbox.create(from_snapshot=snap["id"], client=client)
         try:
-            expected = digests[snap["id"]]
-            assert state_digests(restored) == (expected, expected), snap["id"]
+            if snap["id"] in digests:
+                expected = digests[snap["id"]]
+                assert state_digests(restored) == (expected, expected), snap["id"]
+            else:  # what it held is not known here: it restores, and its kernel answers
+                answer = restored.create_code_context().run_code("6 * 7")
+                assert answer.error is None and answer.text == "42", (snap["id"], answer)
         finally:
             restored.kill()
     for sandbox_id in running:
         sandbox = Sandbox.get(sandbox_id, client=client)
         snapshot_id = sandbox.snapshot()
         client.request("DELETE", f"/snapshots/{snapshot_id}")
+    for sandbox_id in hibernated:  # asleep, not lost: it wakes with its kernel
+        sleeper = Sandbox.get(sandbox_id, client=client)
+        sleeper.wake()
+        answer = sleeper.create_code_context().run_code("6 * 7")
+        assert answer.error is None and answer.text == "42", (sandbox_id, answer)

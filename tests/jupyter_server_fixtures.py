@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,9 @@ def notebook(*sources: str) -> dict[str, Any]:
     return dict(nb)
 
 
+HANG_S = 300.0  # how long a wait below may take before it counts as hung (not a speed bound)
+
+
 async def start_session(fetch: Fetch, path: str, kernel_name: str) -> str:
     body = {"path": path, "name": path, "type": "notebook", "kernel": {"name": kernel_name}}
     status, session = await call(fetch, "POST", "api/sessions", body)
@@ -98,7 +102,8 @@ async def start_session(fetch: Fetch, path: str, kernel_name: str) -> str:
 
 async def attached(fetch: Fetch, kernel_id: str) -> dict[str, Any]:
     """The kernel's sandbox, once the kernel has attached (409 until then)."""
-    for _ in range(600):
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline:
         status, data = await call(fetch, "GET", f"sandfork/api/kernels/{kernel_id}")
         if status == 200:
             return data  # type: ignore[no-any-return]
@@ -108,7 +113,8 @@ async def attached(fetch: Fetch, kernel_id: str) -> dict[str, Any]:
 
 
 async def wait_step(fetch: Fetch, op: str, step: str) -> None:
-    for _ in range(600):
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline:
         status, data = await call(fetch, "GET", f"sandfork/api/operations/{op}")
         if status == 200 and data["step"].startswith(step):
             return

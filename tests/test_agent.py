@@ -123,19 +123,41 @@ async def test_ping(client: AgentClient, agent: AgentProcess) -> None:
     assert isinstance(result["boot_id"], str)
 
 
+HELD_KERNEL = """\
+import os, sys, time
+if "ipykernel_launcher" in sys.orig_argv:  # a kernel of the agent's: wait at the gate
+    gate = {gate!r}
+    open(gate + ".held", "w").close()
+    while os.path.exists(gate):
+        time.sleep(0.01)
+"""
+
+
 @pytest.mark.asyncio
 async def test_ping_is_answered_while_the_default_kernel_starts(tmp_path: Path) -> None:
-    proc = AgentProcess(tmp_path)
+    # The agent's kernels start with its PYTHONPATH: a sitecustomize there holds each one
+    # before it imports anything, until the gate goes, so the kernel is surely starting.
+    gate = tmp_path / "gate"
+    gate.touch()
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(HELD_KERNEL.format(gate=str(gate)))
+    proc = AgentProcess(tmp_path, extra_path=(str(tmp_path / "site"),))
     proc.start()
     try:
         conn = await AgentClient.connect(proc.socket_path)
         await asyncio.wait_for(conn.request("ping"), 30)
+        while not gate.with_name("gate.held").exists():  # the default kernel is held
+            await asyncio.sleep(0.01)
+        assert (await conn.request("ping"))["pid"] == proc.pid  # the ping did not wait for it
         listed = await conn.request("ctx.list")
-        assert listed["contexts"][0]["status"] == "starting"  # the ping did not wait for it
+        assert listed["contexts"][0]["status"] == "starting"
         # A send waits for the kernel that is still starting.
-        assert (await conn.execute(DEFAULT, "6 * 7")).text == "42"
+        sent = asyncio.ensure_future(conn.execute(DEFAULT, "6 * 7"))
+        gate.unlink()
+        assert (await sent).text == "42"
         await conn.close()
     finally:
+        gate.unlink(missing_ok=True)
         assert proc.stop() == 0, proc.log()
 
 
@@ -169,7 +191,7 @@ def test_virtio_port_mode(tmp_path: Path) -> None:
         def request(frame: bytes) -> dict[str, object]:
             nonlocal buf
             os.write(master, frame + b"\n")
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60  # a hang, not a speed
             while True:
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
@@ -223,16 +245,6 @@ async def test_exec_exit_code_and_output(client: AgentClient) -> None:
 
 
 @pytest.mark.asyncio
-async def test_exec_is_fast(client: AgentClient) -> None:
-    timings = []
-    for _ in range(5):
-        started = time.monotonic()
-        await client.request("exec", cmd="true")
-        timings.append(time.monotonic() - started)
-    assert min(timings) < 0.1, timings
-
-
-@pytest.mark.asyncio
 async def test_exec_signal_exit_and_invalid_utf8(client: AgentClient) -> None:
     assert (await client.request("exec", cmd="kill -9 $$"))["exit_code"] == 137
     result = await client.request("exec", cmd="printf 'a\\377b'")
@@ -253,29 +265,32 @@ async def test_exec_env_and_cwd(client: AgentClient, tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_exec_streams_before_the_reply(client: AgentClient) -> None:
-    reply = await client.call(
-        "exec", cmd="echo one; echo warn >&2; sleep 0.5; echo two", stream=True
-    )
+async def test_exec_streams_before_the_reply(client: AgentClient, tmp_path: Path) -> None:
+    gate = tmp_path / "stream-gate"  # the command ends only once its first line reached us
+    cmd = f"echo one; echo warn >&2; until [ -e {gate} ]; do sleep 0.01; done; echo two"
+    call = asyncio.ensure_future(client.call("exec", cmd=cmd, stream=True))
+    while {"one\n", "warn\n"} - {f.get("data") for f in client.streamed_so_far()}:
+        assert not call.done(), call.result()
+        await asyncio.sleep(0.01)
+    gate.touch()
+    reply = await call
     assert reply.result["stdout"] == "one\ntwo\n"
     assert reply.streamed("stdout") == "one\ntwo\n"
     assert reply.streamed("stderr") == "warn\n"
-    first_at, first = reply.events[0]
+    first = reply.events[0][1]
     assert first == {"id": first["id"], "event": "stdout", "data": "one\n"}
-    assert reply.received_at - first_at > 0.3
 
 
 @pytest.mark.asyncio
 async def test_exec_timeout_kills_the_process_group(client: AgentClient) -> None:
-    started = time.monotonic()
+    # Sleeps far longer than any test: only the kill at the timeout lets the reply come.
     result = await client.request(
-        "exec", cmd="sleep 30 & echo $!; sleep 30", timeout=0.5, stream=True
+        "exec", cmd="sleep 3000 & echo $!; sleep 3000", timeout=3, stream=True
     )
-    assert time.monotonic() - started < 20  # killed at its timeout, long before the sleeps end
     assert result["timed_out"] is True
     assert result["exit_code"] == 124
     background = int(result["stdout"])
-    assert wait_dead(background, 2.0)
+    assert wait_dead(background, 30.0)
 
 
 @pytest.mark.asyncio
@@ -493,10 +508,9 @@ async def test_interrupt(client: AgentClient) -> None:
             and f["msg"]["header"]["msg_type"] == "stream"
         )
     )
-    started = time.monotonic()
     await client.request("ctx.interrupt", context=DEFAULT)
-    run = await client.collect(DEFAULT, msg_id, timeout=10)
-    assert time.monotonic() - started < 5
+    # Unless interrupted, the cell ends after its minute without an error.
+    run = await client.collect(DEFAULT, msg_id, timeout=120)
     assert run.error_name == "KeyboardInterrupt"
 
 

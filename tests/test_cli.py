@@ -99,6 +99,7 @@ def sandbox(client: Client) -> Iterator[Sandbox]:
         sb.kill()
 
 
+@pytest.mark.vm
 def test_ls_json_has_full_ids(sandbox: Sandbox, engine_env: dict[str, str]) -> None:
     sandboxes = json.loads(sandfork("sandbox", "ls", "--json", env=engine_env, check=True).stdout)
     listed = {item["id"]: item for item in sandboxes}
@@ -107,6 +108,7 @@ def test_ls_json_has_full_ids(sandbox: Sandbox, engine_env: dict[str, str]) -> N
     assert isinstance(snapshots, list)
 
 
+@pytest.mark.vm
 def test_ls_never_cuts_ids(sandbox: Sandbox, engine_env: dict[str, str]) -> None:
     narrow = {**engine_env, "COLUMNS": "40"}
     out = sandfork("sandbox", "ls", env=narrow, check=True).stdout

@@ -2,9 +2,12 @@
 
 Each case runs an operation on an engine told to kill itself at one named point
 (``SANDFORK_CRASH_AT``, see :mod:`sandfork.crashpoints`), so the crash lands exactly inside
-the window it tests; then a fresh engine starts on the same state and
-:func:`engine_invariants.check_engine` checks that every snapshot restores with its data,
-every running sandbox snapshots, and no VM, layer, RAM file or temporary file is unowned.
+the window it tests, however fast the machine: a snapshot (with its VM paused, or its memory
+half written, ...), a cell's checkpoint as the proxy kernel takes it, a hibernation, a wake, a
+fork, a promotion, a kill. Then a fresh engine starts on the same state and
+:func:`engine_invariants.check_engine` checks that every snapshot restores, with its data,
+every running sandbox snapshots, and no VM, layer, RAM file or temporary file is unowned;
+and what was being worked on still runs with its data.
 """
 
 from __future__ import annotations
@@ -15,20 +18,31 @@ from collections.abc import Callable
 import pytest
 
 from conftest import EngineProcess
-from engine_invariants import check_engine, make_state, state_digests
+from engine_invariants import cell_checkpoint, check_engine, make_state, state_digests
 from sandfork.crashpoints import CRASH_POINTS
+from sandfork.engine.sandboxes import FORK_PARENT
 from sandfork.sdk import Sandbox, SandforkError
 
-pytestmark = pytest.mark.vm
-
 Operation = Callable[[Sandbox, str], object]
+
+
+def _hibernate_then_wake(sandbox: Sandbox, snapshot_id: str) -> object:
+    sandbox.hibernate()
+    sandbox.wake()
+    return sandbox
+
+
 OPERATIONS: dict[str, Operation] = {
     "start.spawned": lambda sb, snap: Sandbox.create(from_snapshot=snap, client=sb.client),
+    "snapshot.inventoried": cell_checkpoint,
+    "snapshot.paused": lambda sb, snap: sb.snapshot("doomed"),
     "snapshot.memory": lambda sb, snap: sb.snapshot("doomed"),
     "snapshot.frozen": lambda sb, snap: sb.snapshot("doomed"),
     "snapshot.written": lambda sb, snap: sb.snapshot("doomed"),
     "hibernate.captured": lambda sb, snap: sb.hibernate(),
+    "wake.resumed": _hibernate_then_wake,
     "fork.captured": lambda sb, snap: sb.fork(),
+    "promote.killed": lambda sb, snap: sb.fork().promote(),
     "kill.destroyed": lambda sb, snap: sb.kill(),
 }
 
@@ -37,6 +51,7 @@ def test_every_crash_point_is_tested() -> None:
     assert set(OPERATIONS) == set(CRASH_POINTS)
 
 
+@pytest.mark.vm
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_engine_killed_inside_an_operation(own_engine: EngineProcess, point: str) -> None:
     original = Sandbox.create(client=own_engine.client())
@@ -59,13 +74,20 @@ def test_engine_killed_inside_an_operation(own_engine: EngineProcess, point: str
     own_engine.start()
     client = own_engine.client()
     check_engine(own_engine, {first: digest})
-    if point != "kill.destroyed":
-        # The sandbox that was being worked on carries on: its next snapshot holds its state.
-        survivor = Sandbox.get(sandbox.id, client=client)
-        assert survivor.status == "running"
-        later = Sandbox.create(from_snapshot=survivor.snapshot("after"), client=client)
-        assert state_digests(later) == (digest, digest)
-        later.kill()
+    # What was being worked on carries on with its data (the sandbox, woken if it was
+    # waking; the promoted child, its parent being gone), and its next snapshot restores
+    # (checked above). A sandbox killed or not yet started is gone.
+    running = [s for s in Sandbox.list(client=client) if s.status == "running"]
+    expected = {
+        "kill.destroyed": [],
+        "promote.killed": [s.id for s in running if s.metadata.get(FORK_PARENT) == sandbox.id],
+    }.get(point, [sandbox.id])
+    assert [s.id for s in running] == expected and (expected or point == "kill.destroyed")
+    for survivor in running:
+        assert state_digests(survivor) == (digest, digest), survivor.id
+    if point == "promote.killed":  # promoting again finishes what the crash cut short
+        assert running[0].promote() == []
+        assert FORK_PARENT not in Sandbox.get(running[0].id, client=client).metadata
     for item in client.request("GET", "/sandboxes")["items"]:
         client.request("DELETE", f"/sandboxes/{item['id']}")
 

@@ -12,8 +12,6 @@ from conftest import EngineProcess
 from sandfork.backends.vm.qemu import default_ram_dir
 from sandfork.sdk import LimitExceeded, Sandbox
 
-pytestmark = pytest.mark.vm
-
 
 @pytest.fixture
 def limited_engine(
@@ -37,6 +35,7 @@ def _refused(call: object, words: str) -> None:
     assert words in str(caught.value), caught.value
 
 
+@pytest.mark.vm
 def test_limits_refuse_before_starting(limited_engine: EngineProcess) -> None:
     client = limited_engine.client()
     made = [Sandbox.create(client=client), Sandbox.create(client=client)]  # 2 x 1024 MiB
@@ -64,6 +63,7 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+@pytest.mark.vm
 def test_engine_files_are_private(own_engine: EngineProcess) -> None:
     sandbox = Sandbox.create(client=own_engine.client())
     try:

@@ -89,7 +89,7 @@ def test_export_then_import_on_another_engine(
     assert Snapshot.list(client=client) == []
     for folder in ("snapshots", "layers", "tmp"):  # nothing half-imported stays
         path = own_engine.home / folder  # (a deleted snapshot's files go in the background)
-        _wait_for(lambda: not list(path.iterdir()), f"an empty {folder} folder", 30)  # noqa: B023
+        _wait_for(lambda: not list(path.iterdir()), f"an empty {folder} folder")  # noqa: B023
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 300.0) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
-import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -191,11 +191,14 @@ def test_inventory_stops_at_its_count_and_time_bounds() -> None:
         "elapsed_ms": 0,
         "variables": [],
     }
-    arrays = {f"a{i:03d}": np.full(2**19, i, dtype=np.float64) for i in range(200)}  # 4 MiB each
-    started = time.monotonic()
-    doc = listed(arrays, budget_s=0.05)
-    assert doc["truncated"] is True and 0 < len(doc["variables"]) < 200
-    assert time.monotonic() - started < 2.0
+    # The budget is time: a clock that moves 10 ms at each look makes it deterministic.
+    arrays = {f"a{i:03d}": np.full(2**10, i, dtype=np.float64) for i in range(200)}
+    ticks = iter(range(10**6))
+    clock = types.SimpleNamespace(monotonic=lambda: next(ticks) / 100)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(guest, "time", clock)
+        doc = listed(arrays, budget_s=0.05)
+    assert doc["truncated"] is True and 0 < len(doc["variables"]) < 10
     assert listed({"x" * 129: 1, "y": 2})["truncated"] is True  # a name too long is left out
 
 
@@ -414,6 +417,16 @@ def inventory_of(client: Client, snapshot_id: str) -> Inventory:
     return Snapshot.get(snapshot_id, client=client).inventory()
 
 
+# Run in a guest kernel: its inventories get all the time they need. The time budget is a
+# bound for slow machines (checked above with a clock the test moves); what an inventory
+# says of the variables must not depend on how loaded the machine running the test is.
+NO_TIME_BUDGET = (
+    "import functools as _f, sandfork_agent.inventory as _i\n"
+    "_i.inventory = _f.partial(_i.inventory, budget_s=3600.0)\n"
+    "del _f, _i\n"
+)
+
+
 @pytest.mark.vm
 def test_a_snapshot_carries_its_inventory_and_two_compare(
     client: Client, engine: EngineProcess
@@ -422,7 +435,7 @@ def test_a_snapshot_carries_its_inventory_and_two_compare(
     try:
         ctx = sb.create_code_context()
         setup = ctx.run_code(
-            "import numpy as np, pandas as pd\n"
+            NO_TIME_BUDGET + "import numpy as np, pandas as pd\n"
             "df = pd.DataFrame({'a': range(1000), 'b': ['x'] * 1000})\n"
             "grid = np.zeros((100, 3))\n"
             "n = 1"
@@ -436,7 +449,6 @@ def test_a_snapshot_carries_its_inventory_and_two_compare(
         assert int(after.text or 0) == int(before.text or 0) + 1
         inv = inventory_of(client, first)
         assert inv.status == "ok", inv.reason
-        assert inv.elapsed_ms < 2000
         df = inv.get("df")
         assert df is not None and (df.type, df.shape) == ("pandas.DataFrame", (1000, 2))
         assert inv.get("grid") == Variable(
@@ -475,23 +487,26 @@ def test_a_busy_kernel_does_not_hold_the_snapshot_up(client: Client) -> None:
     try:
         ctx = sb.create_code_context()
         ctx.run_code("x = 1")
-        started = time.monotonic()
-        sb.snapshot()
-        idle_seconds = time.monotonic() - started
         outcome: dict[str, Any] = {}
-        cell = threading.Thread(
-            target=lambda: outcome.update(run=ctx.run_code("import time; time.sleep(25); 'done'"))
+        # The cell runs until the test lets it end, after the snapshot: a snapshot that
+        # waited for it would never return.
+        cell_code = (
+            "import os, time\n"
+            "open('/tmp/cell-started', 'w').close()\n"
+            "while not os.path.exists('/tmp/cell-may-end'): time.sleep(0.05)\n"
+            "'done'"
         )
+        cell = threading.Thread(target=lambda: outcome.update(run=ctx.run_code(cell_code)))
         cell.start()
-        time.sleep(3)  # the cell is running
-        started = time.monotonic()
+        while sb.exec("test -e /tmp/cell-started").exit_code != 0:  # the cell is running
+            assert cell.is_alive(), outcome
         busy = sb.snapshot()
-        busy_seconds = time.monotonic() - started
+        assert cell.is_alive() and not outcome  # the snapshot came while the cell ran on
         inv = inventory_of(client, busy)
         assert inv.status == "unavailable" and inv.variables == ()
         assert inv.reason is not None and inv.reason.startswith("the kernel was busy"), inv.reason
-        assert busy_seconds < idle_seconds + 2.0 + 5.0, (busy_seconds, idle_seconds)
-        cell.join(120)
+        sb.exec("touch /tmp/cell-may-end")
+        cell.join(600)
         # The cell was not interrupted, and the late answer disturbed nothing.
         assert outcome["run"].error is None and outcome["run"].text == "'done'"
         count = outcome["run"].execution_count
@@ -520,39 +535,29 @@ def test_a_hostile_kernel_gets_an_unavailable_inventory(client: Client) -> None:
             ("lambda ns, hidden: json.dumps({'status': 'ok', 'variables': 5})", "match its schema"),
             ("lambda ns, hidden: 42", "failed in the kernel: AttributeError"),
             ("lambda ns, hidden: 1 / 0", "failed in the kernel: ZeroDivisionError"),
-            ("lambda ns, hidden: time.sleep(30)", "the kernel was busy"),  # last: it stays busy
+            # Last: it stays busy for longer than any test (a snapshot waiting would hang).
+            ("lambda ns, hidden: time.sleep(3000)", "the kernel was busy"),
         ]
         for function, reason in cases:
             assert ctx.run_code(f"fake.inventory = {function}").error is None
-            started = time.monotonic()
             inv = inventory_of(client, sb.snapshot())
             assert inv.status == "unavailable", (function, inv)
             assert inv.reason is not None and reason in inv.reason, (function, inv.reason)
-            assert time.monotonic() - started < 30, function
     finally:
         sb.kill()
 
 
-@pytest.mark.vm
-def test_a_gigabyte_array_is_inventoried_within_the_budget(client: Client) -> None:
-    sb = Sandbox.create(client=client, memory_mb=3072)
-    try:
-        ctx = sb.create_code_context()
-        made = ctx.run_code(
-            "import numpy as np, pandas as pd\n"
-            "big = np.ones(2**27)\n"  # 1 GiB
-            "frame = pd.DataFrame({'a': np.arange(1_000_000), 'b': np.ones(1_000_000)})",
-            timeout_seconds=600,
-        )
-        assert made.error is None, made.error
-        inv = inventory_of(client, sb.snapshot())
-        assert inv.status == "ok" and not inv.truncated, inv
-        big, frame = inv.get("big"), inv.get("frame")
-        assert big is not None and big.shape == (2**27,) and big.bytes == 2**30
-        assert big.fingerprint is not None and big.fingerprint.startswith("s:")
-        assert frame is not None and frame.shape == (1_000_000, 2)
-        assert frame.fingerprint is not None and frame.fingerprint.startswith("s:")
-        assert inv.elapsed_ms < 1000, inv.elapsed_ms
-        print(f"inventory of a 1 GiB array and a 1M-row frame: {inv.elapsed_ms} ms")
-    finally:
-        sb.kill()
+def test_a_gigabyte_array_is_described_from_samples() -> None:
+    """A 1 GiB array and a million-row frame get their shape, size and a fingerprint of
+    samples (``s:``), never a read of everything. How long it takes in a guest under TCG is
+    ``benchmarks/bench_inventory.py``'s; here the budget cannot run out."""
+    namespace = {
+        "big": np.zeros(2**27),  # 1 GiB of untouched pages: only the samples are read
+        "frame": pd.DataFrame({"a": np.arange(1_000_000), "b": np.ones(1_000_000)}),
+    }
+    doc = listed(namespace, budget_s=3600)
+    assert doc["status"] == "ok" and not doc["truncated"], doc
+    big, frame = by_name(doc)["big"], by_name(doc)["frame"]
+    assert big["shape"] == [2**27] and big["bytes"] == 2**30
+    assert big["fingerprint"].startswith("s:")
+    assert frame["shape"] == [1_000_000, 2] and frame["fingerprint"].startswith("s:")

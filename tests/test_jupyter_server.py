@@ -223,18 +223,18 @@ async def test_snapshot_restore_fork_rename_delete(
     await run(jp_serverapp, kernel, "x += 1")
 
     # Restore into a new notebook: the stored document, a session, an attached kernel.
+    # The engine is held while it restores (and holds the snapshot): deleting it is a 409.
     op = uuid.uuid4().hex
-    restore = asyncio.ensure_future(
-        call(jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore", {"operation": op})
-    )
-    await wait_step(jp_fetch, op, "restoring the sandbox")
-    for _ in range(6000):  # the engine restores it (and holds the snapshot meanwhile)
-        listed = await asyncio.to_thread(engine.client().request, "GET", "/sandboxes")
-        if restore.done() or any(s["status"] == "starting" for s in listed["items"]):
-            break
-        await asyncio.sleep(0.01)
-    status, data = await call(jp_fetch, "DELETE", f"sandfork/api/snapshots/{snap['id']}")
-    assert status == 409 and "being restored" in data["message"], data
+    with engine.holding("restore.in_use") as parked:
+        restore = asyncio.ensure_future(
+            call(
+                jp_fetch, "POST", f"sandfork/api/snapshots/{snap['id']}/restore", {"operation": op}
+            )
+        )
+        await wait_step(jp_fetch, op, "restoring the sandbox")
+        await asyncio.to_thread(parked)
+        status, data = await call(jp_fetch, "DELETE", f"sandfork/api/snapshots/{snap['id']}")
+        assert status == 409 and "being restored" in data["message"], data
     status, restored = await restore
     assert status == 201, restored
     assert restored["path"] == "work/analysis-restored-1.ipynb"

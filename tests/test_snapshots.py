@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 import requests
 
 from conftest import EngineProcess
-from sandfork.sdk import Client, NotFoundError, Sandbox, SandforkError, Snapshot
+from sandfork.sdk import Client, NotFoundError, Sandbox, Snapshot
 from turns import TURN2_FINDS
 
 pytestmark = pytest.mark.vm
@@ -64,8 +62,9 @@ def test_restores_diverge_and_files_follow_the_snapshot(client: Client) -> None:
         assert info.name == "diverge" and info.sandbox_id == sb.id
         assert info.contexts == ["default"] and info.size_bytes > 0
         # the guest clock was set from the host on restore
+        asked = time.time()
         guest_time = float(a.exec("date +%s.%N").stdout)
-        assert abs(guest_time - time.time()) < 5
+        assert asked - 5 < guest_time < time.time() + 5  # however long the exec took
     finally:
         for s in (sb, a, b):
             s.kill()
@@ -153,42 +152,3 @@ def test_snapshot_management_api(client: Client, engine: EngineProcess) -> None:
     # A snapshot outlives its sandbox, and the list still finds it by that sandbox.
     assert [s.id for s in Snapshot.list(sandbox_id=sb.id, client=client)] == [snap.id]
     snap.delete()
-
-
-def test_engine_killed_mid_snapshot_lists_only_restorable_snapshots(
-    own_engine: EngineProcess,
-) -> None:
-    client = own_engine.client()
-    sb = Sandbox.create(client=client)
-    sb.create_code_context().run_code("big = bytearray(300 * 2**20)")
-    kept = sb.snapshot("complete")
-
-    def snapshot_in_background() -> None:
-        try:
-            sb.snapshot("interrupted")
-        except SandforkError:
-            pass
-
-    thread = threading.Thread(target=snapshot_in_background)
-    thread.start()
-    staging = own_engine.home / "snapshots"
-    deadline = time.monotonic() + 60
-    while not list(staging.glob(".tmp-*/devices.state")):  # the VM is paused, being saved
-        assert time.monotonic() < deadline, "the snapshot never started"
-        assert thread.is_alive(), "the snapshot ended before the engine could be killed"
-        time.sleep(0.005)
-    own_engine.stop(signal.SIGKILL)
-    thread.join(30)
-    own_engine.start()
-    client = own_engine.client()
-    assert not list((own_engine.home / "snapshots").glob(".tmp-*"))
-    snaps = Snapshot.list(client=client)
-    assert kept in [s.id for s in snaps]
-    for snap in snaps:
-        restored = Sandbox.create(from_snapshot=snap.id, client=client)
-        assert restored.exec("echo ok").stdout == "ok\n"
-        restored.kill()
-    # the parent was left paused by the dead engine and is running again
-    adopted = Sandbox.get(sb.id, client=client)
-    assert adopted.status == "running" and adopted.exec("echo alive").stdout == "alive\n"
-    adopted.kill()

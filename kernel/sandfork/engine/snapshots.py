@@ -204,6 +204,17 @@ class SnapshotStore:
             yield record
         finally:
             self._in_use[snapshot_id] -= 1
+            if not self._in_use[snapshot_id]:  # a Counter keeps zeros: one per restore, for ever
+                del self._in_use[snapshot_id]
+
+    def tracked(self) -> dict[str, int]:
+        """Sizes of the store's tables (:mod:`sandfork.engine.stats`)."""
+        return {
+            "snapshot_records": len(self._records),
+            "snapshots_pending": len(self._pending),
+            "layers_pending": len(self._pending_layers),
+            "snapshots_in_use": len(self._in_use),
+        }
 
     def get(self, snapshot_id: str) -> SnapshotRecord:
         """A snapshot, or 404."""

@@ -35,6 +35,7 @@ from sandfork.engine.snapshots import (
     stored_bytes,
     write_attachments,
 )
+from sandfork.holdpoints import hold_point
 from sandfork.protocol import INVENTORY_ATTACHMENT
 
 PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
@@ -144,6 +145,7 @@ class SnapshotService:
                 record.status = "hibernated"
                 self.sandboxes.save(record)
                 raise ApiError(f"could not wake sandbox {sandbox_id}: {e}", 500) from e
+            crash_point("wake.resumed")
             self.store.delete(snap.id, self.sandboxes.all())
         return record
 
@@ -156,12 +158,14 @@ class SnapshotService:
         attachments: dict[str, bytes] | None,
     ) -> SnapshotRecord:
         """:meth:`snapshot`, the sandbox's lock held."""
+        await hold_point("snapshot.capture")
         live = self.sandboxes.live(sandbox_id)  # it may have been killed while we waited
         record = live.record
         contexts = await self.execution.contexts(sandbox_id)
         if not hidden and HIBERNATION not in (metadata or {}):
             found = await inventory.take(live, contexts.get("contexts", []), self.inventory_timeout)
             attachments = {**(attachments or {}), INVENTORY_ATTACHMENT: found}
+            crash_point("snapshot.inventoried")
         snapshot_id = new_snapshot_id()
         backend = self.backends.of(record)
         # A fork's capture is thrown away once the children run: keep it off the disk if
@@ -279,6 +283,7 @@ class SnapshotService:
             with contextlib.suppress(NotFound):  # already gone
                 await self.sandboxes.kill(victim)
                 killed.append(victim)
+        crash_point("promote.killed")
         metadata = {k: v for k, v in child.metadata.items() if k != FORK_PARENT}
         child.metadata = {**metadata, PROMOTED_FROM: parent_id}
         self.sandboxes.save(child)

@@ -24,6 +24,7 @@ from sandfork.backends.processes import start_time
 from sandfork.backends.vm.memory_layers import materialize, restore_pages, write_capture
 from sandfork.backends.vm.process_memory import PAGE, RamMapping, page_buffer
 from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, command_line
+from sandfork.crashpoints import crash_point
 
 DEVICES_FILE = "devices.state"
 RECORD = "machine.json"  # written at launch: what adoption and health checks go by
@@ -266,6 +267,7 @@ class Machine:
                 )
                 target = str(dest / DEVICES_FILE)
                 await qmp.execute("xen-save-devices-state", {"filename": target, "live": False})
+                crash_point("snapshot.paused")
                 numbers = await asyncio.to_thread(ram.written_pages)
                 if len(numbers) > len(buffer):
                     buffer = await asyncio.to_thread(page_buffer, len(numbers))
