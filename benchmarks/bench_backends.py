@@ -21,7 +21,6 @@ so. Writes ``docs/benchmarks/backends.{json,md,png}``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -36,6 +35,8 @@ from peers.held import HELD
 from timing import clock
 
 from conftest import EngineProcess
+from sandfork.backends.container.backend import engine_groups
+from sandfork.backends.container.cgroups import Cgroup, Hierarchy
 from sandfork.sdk import Client, Sandbox, Snapshot
 
 MIB = 2**20
@@ -106,22 +107,16 @@ def _memory(engine: EngineProcess, backend: str, sandboxes: list[Sandbox]) -> fl
     if backend == "vm":
         total = 0
         for sandbox in sandboxes:
-            rollup = Path(f"/proc/{engine.qemu_pid(sandbox.id)}/smaps_rollup").read_text()
+            rollup = Path(f"/proc/{engine.sandbox_pid(sandbox.id)}/smaps_rollup").read_text()
             total += sum(
                 int(line.split()[1]) * 1024
                 for line in rollup.splitlines()
                 if line.startswith("Pss:")
             )
         return total / 1e6
-    group = hashlib.sha256(str(engine.home.resolve()).encode()).hexdigest()[:12]
-    total = 0
-    for sandbox in sandboxes:
-        for name in ("memory.current", "memory.usage_in_bytes"):
-            for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")):
-                path = root / "sandfork" / group / f"{sandbox.id}" / name
-                if path.exists():
-                    total += int(path.read_text())
-    return total / 1e6
+    hierarchy, parent = Hierarchy.detect(), engine_groups(engine.home)
+    used = sum(Cgroup(hierarchy, f"{parent}/{s.id}").memory_bytes() for s in sandboxes)
+    return used / 1e6
 
 
 def _fits(size: int, count: int) -> bool:

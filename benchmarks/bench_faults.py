@@ -62,7 +62,7 @@ class Round:
         new_vm = lambda: bool(_entries(home / "sandboxes") - vms)  # noqa: E731
         new_tmp = lambda: bool(_entries(home / "tmp") - tmp)  # noqa: E731
         staging = lambda: bool(_entries(home / "snapshots", ".tmp-*"))  # noqa: E731
-        pid = None if name == "wake" else self.engine.qemu_pid(sandbox.id)
+        pid = None if name == "wake" else self.engine.sandbox_pid(sandbox.id)
         snapshot = Snapshot.get(self.snapshot_id, client=client)
         if name in ("export", "import") and not self.export_file.exists():
             snapshot.export(self.export_file)

@@ -165,7 +165,7 @@ def _from_template(client: Client, memory_mb: int, count: int) -> list[Sandbox]:
 
 
 def _pids(engine: EngineProcess, sandboxes: list[Sandbox]) -> list[int]:
-    return [engine.qemu_pid(s.id) for s in sandboxes]
+    return [engine.sandbox_pid(s.id) for s in sandboxes]
 
 
 def _medians(rows: Rows) -> dict[str, float]:

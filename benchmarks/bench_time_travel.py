@@ -114,7 +114,7 @@ class Notebook:
         )
 
     def qemu_pss(self) -> int:
-        return _pss([self.engine.qemu_pid(sandbox_id(self.km))])
+        return _pss([self.engine.sandbox_pid(sandbox_id(self.km))])
 
     def cell(self, kind: str, size: int) -> None:
         """One cell changing 10 MB in place, then the checkpoint that follows it."""

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from sandfork.backends.container.backend import engine_groups
+from sandfork.backends.container.cgroups import Cgroup, Hierarchy
 from sandfork.holdpoints import HOLD_POINTS
 from sandfork.sdk import Client, NotFoundError, SandforkError
 from sandfork.templates import ensure_template
@@ -28,6 +30,8 @@ BACKEND = os.environ.get("SANDFORK_TEST_BACKEND", "vm")
 """The backend the suite's engines run sandboxes on unless a test names one: ``vm`` (the
 whole suite) or ``container`` (the second pass of `scripts/test.sh`: the tests marked
 ``portable``)."""
+
+SHIM = "sandfork.backends.container.shim"  # a container sandbox's process, as QEMU is a VM's
 
 LEAK_GRACE = 60.0
 """Seconds a sandbox killed asynchronously after a test (a kernel shutting down) may take: a
@@ -141,11 +145,17 @@ class EngineProcess:
             problems.append(f"the engine failed to kill what was left: {e}")
         finally:
             self.stop()
-        pids = self.qemu_pids()
+        pids = self.sandbox_pids()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         if pids:
-            problems.append(f"QEMU processes left running (now killed): {pids}")
+            problems.append(f"sandbox processes left running (now killed): {pids}")
+        groups = self.container_groups()
+        for group in groups:
+            group.kill()
+            group.remove()
+        if groups:
+            problems.append(f"container groups left (now removed): {[g.relative for g in groups]}")
         ram_files = [p for p in self.ram_dir.rglob("*") if p.is_file()]
         if ram_files and not pids:
             problems.append(f"RAM files left behind: {ram_files}")
@@ -181,15 +191,17 @@ class EngineProcess:
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
 
-    def qemu_pid(self, sandbox_id: str) -> int:
-        """The QEMU process of one sandbox."""
-        for pid in self.qemu_pids():
+    def sandbox_pid(self, sandbox_id: str) -> int:
+        """The process of one sandbox: its QEMU, or its container's shim (killing it kills
+        the sandbox: the engine then ends the container's processes)."""
+        for pid in self.sandbox_pids():
             if sandbox_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
-        raise LookupError(f"no QEMU process for {sandbox_id}")
+        raise LookupError(f"no process for sandbox {sandbox_id}")
 
-    def qemu_pids(self) -> list[int]:
-        """QEMU processes of this engine's sandboxes (their command lines name our home)."""
+    def sandbox_pids(self) -> list[int]:
+        """The process of each of this engine's sandboxes, VM or container (their command
+        lines name our home)."""
         pids = []
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
@@ -197,9 +209,16 @@ class EngineProcess:
                     cmdline = (proc / "cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"qemu-system" in cmdline and str(self.home).encode() in cmdline:
+                ours = b"qemu-system" in cmdline or SHIM.encode() in cmdline
+                if ours and str(self.home).encode() in cmdline:
                     pids.append(int(proc.name))
         return pids
+
+    def container_groups(self) -> list[Cgroup]:
+        """The control groups this engine's container sandboxes still have."""
+        hierarchy = Hierarchy.detect()
+        parent = engine_groups(self.home)
+        return [Cgroup(hierarchy, f"{parent}/{name}") for name in hierarchy.groups(parent)]
 
 
 @pytest.fixture(scope="session")

@@ -82,7 +82,7 @@ def check_engine(engine: EngineProcess, digests: dict[str, str]) -> None:
     hibernated = [s["id"] for s in sandboxes if s["status"] == "hibernated"]
     assert {s["status"] for s in sandboxes} <= {"running", "hibernated", "dead"}, sandboxes
 
-    pids = engine.qemu_pids()
+    pids = engine.sandbox_pids()
     assert len(pids) == len(running), f"QEMU processes {pids} for sandboxes {running}"
     ram_files = {p.name for p in engine.ram_dir.glob("*.ram")}  # booted VMs' zeroed RAM
     assert ram_files <= {f"{i}.ram" for i in running}, ram_files

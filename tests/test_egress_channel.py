@@ -112,7 +112,7 @@ def _helpers(engine: EngineProcess) -> list[str]:
     state or RAM folder: what the host runs for the engine's sandboxes (a guestfwd's socat
     was one per connection, detached from QEMU by a double fork and its own session)."""
     assert engine.process is not None
-    ours = {engine.process.pid, *engine.qemu_pids()}
+    ours = {engine.process.pid, *engine.sandbox_pids()}
     marks = (str(engine.home).encode(), str(engine.ram_dir).encode())
     found = []
     for proc in Path("/proc").iterdir():
@@ -247,7 +247,7 @@ def test_port_zero_and_no_host_text_reach_the_guest(
     lines = _console_probes(console, 3)
     assert "503 Service Unavailable" in lines[1] and "not connected" in lines[1], lines
     assert "403 Forbidden" in lines[2], lines
-    pids = [str(p) for p in (engine.qemu_pid(sandbox.id), *engine.qemu_pids())]
+    pids = [str(p) for p in (engine.sandbox_pid(sandbox.id), *engine.sandbox_pids())]
     for line in lines:
         assert "socat" not in line and not any(f"[{pid}]" in line for pid in pids), line
 

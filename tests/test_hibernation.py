@@ -23,7 +23,7 @@ def _sleeping_vm(engine: EngineProcess, sandbox: Sandbox) -> None:
     """The sandbox is listed as hibernated and no QEMU process runs it."""
     assert Sandbox.get(sandbox.id, engine.client()).status == "hibernated"
     with pytest.raises(LookupError):
-        engine.qemu_pid(sandbox.id)
+        engine.sandbox_pid(sandbox.id)
     assert engine.client().request("GET", "/snapshots")["snapshots"] == []  # not a snapshot
 
 
@@ -34,11 +34,11 @@ def test_hibernated_sandbox_wakes_on_use_with_its_state(own_engine: EngineProces
         context = sandbox.create_code_context()
         context.run_code("import numpy as np\nkept = np.arange(1_000_000)")
         sandbox.filesystem.write("/root/kept.txt", "on disk")
-        running_pids = set(own_engine.qemu_pids())
+        running_pids = set(own_engine.sandbox_pids())
         sandbox.hibernate()
         assert sandbox.status == "hibernated"
         _sleeping_vm(own_engine, sandbox)
-        assert len(own_engine.qemu_pids()) == len(running_pids) - 1  # its VM is gone
+        assert len(own_engine.sandbox_pids()) == len(running_pids) - 1  # its VM is gone
         sandbox.hibernate()  # idempotent
         sandbox.renew_lease(600)  # whoever holds a sleeper keeps holding it
 

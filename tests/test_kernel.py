@@ -247,7 +247,7 @@ def test_a_sandbox_that_ends_makes_the_kernel_say_so(engine: EngineProcess, end:
         if end == "killed":
             sandbox.kill()
         else:
-            os.kill(engine.qemu_pid(sandbox.id), signal.SIGKILL)
+            os.kill(engine.sandbox_pid(sandbox.id), signal.SIGKILL)
         said = ""
         while True:
             msg = kc.get_iopub_msg(timeout=300)  # unasked: no cell runs

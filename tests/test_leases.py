@@ -76,7 +76,7 @@ def _ended_by_its_lease(engine: EngineProcess, client: Client, sandbox_id: str) 
 
 def _no_qemu(engine: EngineProcess, sandbox_id: str) -> bool:
     try:
-        engine.qemu_pid(sandbox_id)
+        engine.sandbox_pid(sandbox_id)
     except LookupError:
         return True
     return False

@@ -35,7 +35,7 @@ def test_created_sandbox_is_running(sandbox: Sandbox, engine: EngineProcess) -> 
     assert sandbox.status == "running"
     assert sandbox.accelerator in ("tcg", "kvm")
     assert sandbox.memory_mb == 1024 and sandbox.cpu == 2
-    assert len(engine.qemu_pids()) >= 1
+    assert len(engine.sandbox_pids()) >= 1
     assert any(s.id == sandbox.id for s in Sandbox.list(client=engine.client()))
 
 
@@ -173,11 +173,11 @@ def test_kill_leaves_nothing_behind(engine: EngineProcess) -> None:
     disk = Path(client.request("GET", f"/sandboxes/{sb.id}")["disk"])
     qmp = engine.ram_dir / f"{sb.id}.qmp"  # its sockets live in the RAM folder
     assert directory.is_dir() and disk.exists() and qmp.exists()
-    pids_before = set(engine.qemu_pids())
+    pids_before = set(engine.sandbox_pids())
     sb.kill()  # returns once the VM is gone
     assert not directory.exists() and not disk.exists() and not qmp.exists()
-    assert len(set(engine.qemu_pids()) - pids_before) == 0
-    assert len(engine.qemu_pids()) == len(pids_before) - 1
+    assert len(set(engine.sandbox_pids()) - pids_before) == 0
+    assert len(engine.sandbox_pids()) == len(pids_before) - 1
     with pytest.raises(NotFoundError):
         Sandbox.get(sb.id, client=client)
     with pytest.raises(NotFoundError):

@@ -40,7 +40,7 @@ def test_vm_that_dies_is_reported_dead(engine: EngineProcess) -> None:
     client = engine.client()
     sb = Sandbox.create(client=client)
     sb.exec("true")
-    os.kill(engine.qemu_pid(sb.id), signal.SIGKILL)
+    os.kill(engine.sandbox_pid(sb.id), signal.SIGKILL)
     deadline = time.monotonic() + 120  # the watch loop looks every second; a hang past this
     while sb.refresh().status != "dead" and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -58,8 +58,8 @@ def test_sandboxes_survive_an_engine_restart(own_engine: EngineProcess) -> None:
     sb.create_code_context().run_code("answer = 42")
     doomed = Sandbox.create(client=own_engine.client())
     own_engine.stop(signal.SIGKILL)
-    assert len(own_engine.qemu_pids()) == 2  # the VMs outlive the engine
-    os.kill(own_engine.qemu_pid(doomed.id), signal.SIGKILL)
+    assert len(own_engine.sandbox_pids()) == 2  # the VMs outlive the engine
+    os.kill(own_engine.sandbox_pid(doomed.id), signal.SIGKILL)
 
     own_engine.start()
     client = own_engine.client()
@@ -76,4 +76,4 @@ def test_sandboxes_survive_an_engine_restart(own_engine: EngineProcess) -> None:
     assert "gone" in response.json()["error"]
     adopted.kill()
     dead.kill()
-    assert own_engine.qemu_pids() == []
+    assert own_engine.sandbox_pids() == []

@@ -177,7 +177,7 @@ def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
     sandbox = sandbox_id(km)
     wait_status(engine, sandbox, "hibernated", 300)
     with pytest.raises(LookupError):
-        engine.qemu_pid(sandbox)  # its VM is gone
+        engine.sandbox_pid(sandbox)  # its VM is gone
     assert km.is_alive()
 
     # A completion wakes it (and is answered by the guest); then its variables are there.

@@ -15,7 +15,8 @@ CRASH_POINTS = (
     "start.spawned",  # QEMU runs, its pid is recorded, the guest is not up yet
     "snapshot.inventoried",  # a visible snapshot (a cell's checkpoint) has the kernel's
     # variables, nothing is captured yet
-    "snapshot.paused",  # the VM is paused, its device state saved, its pages not yet copied
+    "snapshot.paused",  # paused: a VM with its devices saved, pages not copied; a container
+    # dumped, its files not copied
     "snapshot.memory",  # the VM runs on; its memory layer is half written
     "snapshot.frozen",  # the VM's disk layer is frozen, its record still names the old one
     "snapshot.written",  # the capture is complete in its staging folder, not yet listed

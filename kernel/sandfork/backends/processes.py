@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -30,3 +31,28 @@ def kill_process(pid: int) -> None:
             if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 return
         time.sleep(0.01)
+
+
+def command_lines() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process's pid and command line (processes that end meanwhile are skipped)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                yield int(proc.name), (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+
+
+def sandbox_processes(
+    root: Path, folder_of: Callable[[list[bytes]], bytes | None]
+) -> dict[str, int]:
+    """The processes whose command line names a sandbox folder in ``root`` (``folder_of``
+    reads it from the command line, or says ``None``): {folder name: pid}. What a backend's
+    sweep goes by when an engine was killed before it recorded a process it started."""
+    marker = f"{root}/".encode()
+    found = {}
+    for pid, args in command_lines():
+        folder = folder_of(args)
+        if folder is not None and folder.startswith(marker):
+            found[Path(folder.decode()).name] = pid
+    return found

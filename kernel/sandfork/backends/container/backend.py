@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,7 @@ from sandfork.backends.container.launcher import AGENT_DIR, LaunchConfig
 from sandfork.backends.container.sandbox import IMAGES, PIPES, ContainerError, ContainerSandbox
 from sandfork.backends.container.shim import RECORD, RestoreConfig, ShimConfig
 from sandfork.backends.container.tree import tree_of
-from sandfork.backends.processes import start_time
+from sandfork.backends.processes import kill_process, sandbox_processes, start_time
 from sandfork.templates import BuiltTemplate
 from sandfork.templates.initramfs import agent_dir
 
@@ -69,6 +68,23 @@ def guest_env() -> dict[str, str]:
         "PYTHONPATH": str(Path(AGENT_DIR).parent),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+
+
+def _shim_folder(args: list[bytes]) -> bytes | None:
+    """The sandbox folder a shim's command line names (its config's ``dir``)."""
+    if len(args) < 3 or args[2] != b"sandfork.backends.container.shim":
+        return None
+    try:
+        folder = json.loads(args[3])["dir"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        return None
+    return str(folder).encode() if isinstance(folder, str) else None
+
+
+def engine_groups(state_dir: Path) -> str:
+    """The control group (relative to each hierarchy) under which an engine with its state in
+    ``state_dir`` makes its sandboxes' groups."""
+    return "sandfork/" + hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
 
 
 def unavailable() -> str | None:
@@ -123,8 +139,7 @@ class ContainerBackend:
         self.ram_dir = ram_dir
         self.boot_timeout = boot_timeout
         ram_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        engine = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
-        self.cgroups = f"sandfork/{engine}"
+        self.cgroups = engine_groups(state_dir)
         self.hierarchy = Hierarchy.detect()
         self._criu: criu_tools.Criu | None = None
         self.hook = state_dir / "run" / "criu-hook.sh"  # private: the engine's runtime folder
@@ -328,19 +343,20 @@ class ContainerBackend:
         shutil.rmtree(directory, ignore_errors=True)
 
     def sweep(self, root: Path, keep: set[str]) -> list[str]:
-        """Stop every shim, group and folder under ``root`` no adopted sandbox owns."""
+        """Stop every shim, group and folder under ``root`` no adopted sandbox owns.
+
+        Shims are found from their command lines, not their records: an engine killed right
+        after starting one may have left it before it wrote its record.
+        """
         gone = []
+        for name, pid in sandbox_processes(root, _shim_folder).items():
+            if name not in keep:
+                kill_process(pid)
+                gone.append(f"shim process {pid} ({name})")
         for directory in list(root.iterdir()) if root.exists() else []:
-            if directory.name in keep or not (directory / "shim.log").exists():
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                record = json.loads((directory / RECORD).read_text())
-                pid = record.get("shim")
-                if isinstance(pid, int) and start_time(pid) == record.get("shim_start"):
-                    os.kill(pid, signal.SIGKILL)
-                    gone.append(f"shim process {pid} ({directory.name})")
-            self.release(directory)
-            gone.append(f"directory {directory}")
+            if directory.name not in keep and (directory / "shim.log").exists():
+                self.release(directory)
+                gone.append(f"directory {directory}")
         for name in self.hierarchy.groups(self.cgroups):
             if name not in keep:
                 with contextlib.suppress(OSError):

@@ -30,6 +30,7 @@ from sandfork.backends.container.cgroups import Cgroup
 from sandfork.backends.container.criu import Criu
 from sandfork.backends.container.shim import CONSOLE, EXIT, RECORD, ShimConfig
 from sandfork.backends.processes import start_time
+from sandfork.crashpoints import crash_point
 
 IMAGES = "images"  # the CRIU image folder of a snapshot
 PIPES = "pipes.json"  # the dumped sandbox's pipe inodes, by its fd: what a restore replaces
@@ -183,6 +184,7 @@ class ContainerSandbox:
         async def on_frozen(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 await reader.readline()
+                crash_point("snapshot.paused")  # frozen: a killed engine lets CRIU resume it
                 await asyncio.to_thread(layers.capture, self.disk, new_disk, previous)
                 copied.set_result(None)
             except Exception as e:

@@ -20,7 +20,7 @@ from qemu.qmp import ConnectError, QMPClient
 
 from sandfork.backends.agent_link import AgentLink
 from sandfork.backends.base import Captured, CaptureRequest
-from sandfork.backends.processes import start_time
+from sandfork.backends.processes import sandbox_processes, start_time
 from sandfork.backends.vm.memory_layers import materialize, restore_pages, write_capture
 from sandfork.backends.vm.process_memory import PAGE, RamMapping, page_buffer
 from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, command_line
@@ -362,18 +362,11 @@ def read_record(directory: Path) -> dict[str, object]:
 
 def qemu_processes(root: Path) -> dict[str, int]:
     """The QEMU processes running a VM whose directory is in ``root``: {directory name: pid}."""
-    found = {}
-    marker = f"{root}/".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if not args[0].endswith(b"qemu-system-x86_64") or b"-serial" not in args:
-            continue
-        console = args[args.index(b"-serial") + 1].removeprefix(b"file:")  # <dir>/console.log
-        if console.startswith(marker):
-            found[Path(console.decode()).parent.name] = int(proc.name)
-    return found
+    return sandbox_processes(root, _vm_folder)
+
+
+def _vm_folder(args: list[bytes]) -> bytes | None:
+    if not args[0].endswith(b"qemu-system-x86_64") or b"-serial" not in args:
+        return None
+    console = args[args.index(b"-serial") + 1].removeprefix(b"file:")  # <dir>/console.log
+    return console.rsplit(b"/", 1)[0]
