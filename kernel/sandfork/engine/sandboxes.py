@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandfork.backends.base import Backend, Instance
 from sandfork.crashpoints import crash_point
+from sandfork.engine.activity import Activity
 from sandfork.engine.boot_captures import BootCaptures, Capture
 from sandfork.engine.code_runner import CodeRunner
 from sandfork.engine.db import Database, SandboxRecord
@@ -76,6 +78,7 @@ class SandboxService:
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._watch_task: asyncio.Task[None] | None = None
         self.leases = Leases(tick=_WATCH_TICK)
+        self.activity = Activity()  # the operations running in each sandbox
         # Wakes a hibernated sandbox from its capture (SnapshotService.wake sets itself).
         self.waker: Callable[[str], Awaitable[object]] | None = None
 
@@ -123,7 +126,7 @@ class SandboxService:
             log.warning("sandbox %s writes to %s, not %s: fixed", record.id, chain[0], record.disk)
             record.disk = str(chain[0])
             self.db.put(record)
-        self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
+        self._add_live(record, instance)
         log.info("adopted sandbox %s (pid %s)", record.id, record.pid)
 
     async def stop(self) -> None:
@@ -312,7 +315,11 @@ class SandboxService:
         record.pid = instance.pid
         record.boot_ms = int((time.monotonic() - started) * 1000)
         self.db.put(record)
-        self._live[record.id] = Live(record, instance, CodeRunner(instance.agent))
+        self._add_live(record, instance)
+
+    def _add_live(self, record: SandboxRecord, instance: Instance) -> None:
+        runner = CodeRunner(instance.agent, functools.partial(self.activity.changed, record.id))
+        self._live[record.id] = Live(record, instance, runner)
 
     async def hibernated(self, sandbox_id: str) -> SandboxRecord:
         """Stop the VM of a sandbox whose capture was just taken for hibernation; its record
@@ -326,10 +333,27 @@ class SandboxService:
         return record
 
     async def awake(self, sandbox_id: str) -> Live:
-        """A running sandbox, woken first if it is hibernated (as any use of it does)."""
+        """A running sandbox, woken first if it is hibernated (as any use of it does), after
+        a hibernation under way."""
+        await self.activity.held_back(sandbox_id)
+        return await self._awake(sandbox_id)
+
+    @contextlib.asynccontextmanager
+    async def working(self, sandbox_id: str) -> AsyncIterator[Live]:
+        """The block is an operation in the sandbox (:mod:`sandfork.engine.activity`), which
+        :meth:`awake` gives: a hibernation waits for it, and it waits for a hibernation."""
+        async with self.activity.operation(sandbox_id):
+            yield await self._awake(sandbox_id)
+
+    async def _awake(self, sandbox_id: str) -> Live:
         if self.get(sandbox_id).status in HIBERNATED and self.waker is not None:
             await self.waker(sandbox_id)
         return self.live(sandbox_id)
+
+    def busy_kernels(self, sandbox_id: str) -> list[str]:
+        """The code contexts of a running sandbox whose kernel is running code."""
+        live = self._live.get(sandbox_id)
+        return live.runner.busy() if live is not None else []
 
     def _forget(self, sandbox_id: str) -> None:
         self.leases.drop(sandbox_id)
