@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (a test takes the fixture imported from test_hostile_input as an argument)
 """Hostile guest agents: guest code runs as root and can write frames on the agent's port.
 
 Whatever comes back, the engine neither fails (a 502 "invalid reply", never a 500) nor keeps
@@ -20,7 +21,7 @@ import requests
 from agent_mitm import AgentInTheMiddle, reply, result
 from conftest import EngineProcess
 from hostile_cases import BAD_FRAMES, FORGED_REPLIES, MIB
-from test_hostile_input import send
+from test_hostile_input import sandbox, send  # noqa: F401  (sandbox: a fixture)
 
 pytestmark = pytest.mark.vm
 
@@ -194,14 +195,6 @@ def test_a_guest_that_takes_the_agent_port_over_cannot_break_the_link(
         _assert_alive(engine, sandbox_id)
     finally:
         client.request("DELETE", f"/sandboxes/{sandbox_id}")
-
-
-@pytest.fixture(scope="module")
-def sandbox(engine: EngineProcess) -> Iterator[str]:
-    """A sandbox of the module on the session's engine, killed at the end."""
-    sandbox_id = engine.client().request("POST", "/sandboxes", json={})["id"]
-    yield sandbox_id
-    engine.client().request("DELETE", f"/sandboxes/{sandbox_id}")
 
 
 def _run(engine: EngineProcess, sandbox_id: str, code: str) -> requests.Response:
