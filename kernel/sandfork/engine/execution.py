@@ -205,7 +205,7 @@ class ExecutionService:
         events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
         async def run(live: Live) -> dict[str, Any]:
-            kept = {"stdout": 0, "stderr": 0}  # characters, as the agent's own bound counts
+            bounded = outputs.Rebounded(self.max_output)
             try:
                 with agent_failures(live.record):
                     async for event in live.instance.agent.stream(
@@ -217,12 +217,8 @@ class ExecutionService:
                                 raise Timeout("timeout: the command was killed")
                             return {k: result[k] for k in _RESULT_FIELDS}
                         name, data = replies.stream_event(event)
-                        room = self.max_output + outputs.MARKER_SLACK - kept[name]
-                        if room > 0:  # past it, the host drops what a lying agent sends
-                            if len(data) > room:
-                                data = data[:room] + outputs.marker(outputs.size(data[room:]))
-                            kept[name] += len(data)
-                            events.put_nowait({"event": name, "data": data})
+                        if (kept := bounded.event(name, data)) is not None:
+                            events.put_nowait({"event": name, "data": kept})
                 raise BadReply("the command's output stream ended without a result")
             finally:
                 events.put_nowait(None)

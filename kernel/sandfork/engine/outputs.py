@@ -16,7 +16,7 @@ from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colours of IPython's tracebacks
 RESULT_OVERHEAD = 64  # bytes a rich result's entry costs beyond its MIME type and data
-MARKER_SLACK = 64  # longest marker the agent appends to text it cut
+_MARKER_SLACK = 64  # longest marker the agent appends to text it cut
 
 
 def marker(omitted: int) -> str:
@@ -41,9 +41,28 @@ def rebound(text: str, limit: int) -> tuple[str, bool]:
     """An agent's kept output bounded again on the host: unchanged within what the agent may
     send (``limit`` characters, one per byte it kept, and its marker), else cut to ``limit``
     bytes with the marker. Returns the text and whether the host cut it."""
-    if len(text) <= limit + MARKER_SLACK:
+    if len(text) <= limit + _MARKER_SLACK:
         return text, False
     return truncate(text, limit), True
+
+
+@dataclass
+class Rebounded:
+    """A streamed command's output events as the agent sends them, bounded again on the host
+    per stream (as :func:`rebound`: in characters, the agent's marker allowed)."""
+
+    limit: int
+    kept: dict[str, int] = field(default_factory=dict)
+
+    def event(self, name: str, data: str) -> str | None:
+        """``data`` of the stream ``name``, cut at the bound with the marker; None past it."""
+        room = self.limit + _MARKER_SLACK - self.kept.get(name, 0)
+        if room <= 0:
+            return None
+        if len(data) > room:
+            data = data[:room] + marker(size(data[room:]))
+        self.kept[name] = self.kept.get(name, 0) + len(data)
+        return data
 
 
 @dataclass
