@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,10 +90,23 @@ def test_the_link_survives_a_bad_frame(relayed: Any, name: str) -> None:
     _assert_alive(engine, sandbox_id)
 
 
+def _peak_memory(engine: EngineProcess) -> int:
+    """The engine process's peak resident memory so far (VmHWM), in bytes."""
+    assert engine.process is not None
+    status = Path(f"/proc/{engine.process.pid}/status").read_text()
+    return (
+        int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+        * 1024
+    )
+
+
 def test_a_line_past_the_frame_limit_is_skipped_and_the_link_goes_on(relayed: Any) -> None:
     engine, sandbox_id, relay = relayed
+    peak = _peak_memory(engine)
     relay.inject(b"[" * (300 * MIB) + b"\n")
     _assert_alive(engine, sandbox_id)
+    # Skipped as it came: the engine held at most the link's limit of it (64 MiB), not 300.
+    assert _peak_memory(engine) - peak < 100 * MIB, (_peak_memory(engine) - peak) // MIB
     # A reply too long for the link fails its request, and nothing else.
     relay.forge("exec", result({"stdout": "A" * (70 * MIB)}))
     response = _exec(engine, sandbox_id, "true")
