@@ -282,3 +282,122 @@ CASES: dict[str, Case] = {
         "POST", "/v1/sandboxes", "{bad", 400, "JSON", {"Content-Type": "text/plain"}
     ),
 }
+
+
+# -- hostile guest agents: replies forged on the agent's link (tests/agent_mitm.py) ----------
+
+
+@dataclass(frozen=True)
+class Forged:
+    """A request whose agent reply is forged: ``reply`` (``ok`` and ``result`` or ``error``)
+    answers the request of ``op``; ``request`` also holds the answer the client must get."""
+
+    request: Case
+    op: str
+    reply: Any
+
+
+_EXEC_RESULT = {
+    "exit_code": 0,
+    "stdout": "",
+    "stderr": "",
+    "duration_ms": 1,
+    "timed_out": False,
+    "truncated": False,
+}
+_STAT = {"name": "f", "path": "/root/f", "is_dir": False, "size": 1, "mode": "0644", "mtime": 1}
+_CONTEXT = {"id": "default", "language": "python", "status": "running"}
+
+
+def _ok(result: Any) -> dict[str, Any]:
+    return {"ok": True, "result": result}
+
+
+def _forged_exec(reply: Any, status: int = 502, message: str = "invalid reply") -> Forged:
+    return Forged(_exec({"cmd": "true"}, message, status), "exec", reply)
+
+
+def _forged(case: Case, op: str, result: Any, message: str = "invalid reply") -> Forged:
+    return Forged(Case(case.method, case.path, case.body, 502, message), op, _ok(result))
+
+
+_READ = Case("GET", "/v1/sandboxes/{sbx}/fs?path=/etc/hostname")
+_READ_2 = Case("GET", "/v1/sandboxes/{sbx}/fs?path=/etc/hostname&offset=0&length=2")
+_WRITE = Case("PUT", "/v1/sandboxes/{sbx}/fs?path=/root/forged", "x")
+_LIST = Case("GET", "/v1/sandboxes/{sbx}/fs/dir?path=/root")
+_STAT_PATH = Case("GET", "/v1/sandboxes/{sbx}/fs/stat?path=/root")
+_DELETE = Case("DELETE", "/v1/sandboxes/{sbx}/fs?path=/root/forged")
+_NEW_CONTEXT = Case("POST", "/v1/sandboxes/{sbx}/repl/sessions", {})
+_CONTEXTS = Case("GET", "/v1/sandboxes/{sbx}/repl/sessions")
+_B64 = "YWJjZGVm"  # b"abcdef"
+
+FORGED_REPLIES: dict[str, Forged] = {
+    "exec-no-fields": _forged_exec(_ok({})),
+    "exec-no-stdout": _forged_exec(_ok({k: v for k, v in _EXEC_RESULT.items() if k != "stdout"})),
+    "exec-stdout-int": _forged_exec(_ok(_EXEC_RESULT | {"stdout": 5})),
+    "exec-exit-code-bool": _forged_exec(_ok(_EXEC_RESULT | {"exit_code": True})),
+    "exec-exit-code-huge": _forged_exec(_ok(_EXEC_RESULT | {"exit_code": 10**30})),
+    "exec-timed-out-text": _forged_exec(_ok(_EXEC_RESULT | {"timed_out": "no"})),
+    "exec-result-list": _forged_exec(_ok([1])),
+    "exec-no-ok": _forged_exec({"result": _EXEC_RESULT}),
+    "exec-ok-text": _forged_exec({"ok": "true", "result": _EXEC_RESULT}),
+    "exec-error-unknown-type": _forged_exec(
+        {"ok": False, "error": {"type": "Evil", "message": ""}}
+    ),
+    "exec-error-no-message": _forged_exec({"ok": False, "error": {"type": "NotFound"}}),
+    "exec-error-string": _forged_exec({"ok": False, "error": "NotFound"}),
+    "read-no-data": _forged(_READ, "fs.read", {"size": 0}),
+    "read-data-int": _forged(_READ, "fs.read", {"data": 5, "size": 0}),
+    "read-not-base64": _forged(_READ, "fs.read", {"data": "!!!!", "size": 3}),
+    "read-wrong-size": _forged(_READ, "fs.read", {"data": _B64, "size": 5}),
+    "read-more-than-asked": _forged(_READ_2, "fs.read", {"data": _B64, "size": 6}),
+    "write-no-path": _forged(_WRITE, "fs.write", {"size": 1}),
+    "list-entries-text": _forged(_LIST, "fs.list", {"entries": "x", "truncated": False}),
+    "list-entry-no-mode": _forged(
+        _LIST, "fs.list", {"entries": [{k: v for k, v in _STAT.items() if k != "mode"}]}
+    ),
+    "list-10001-entries": _forged(
+        _LIST, "fs.list", {"entries": [_STAT] * 10001, "truncated": False}
+    ),
+    "stat-negative-size": _forged(_STAT_PATH, "fs.stat", _STAT | {"size": -1}),
+    "stat-mode-text": _forged(_STAT_PATH, "fs.stat", _STAT | {"mode": "rwxr-xr-x"}),
+    "stat-name-huge": _forged(_STAT_PATH, "fs.stat", _STAT | {"name": "n" * 100_000}),
+    "delete-result-list": _forged(_DELETE, "fs.delete", [1], "result object"),
+    "ctx-create-no-id": _forged(
+        _NEW_CONTEXT, "ctx.create", {"language": "py", "status": "running"}
+    ),
+    "ctx-create-bad-id": _forged(_NEW_CONTEXT, "ctx.create", _CONTEXT | {"id": "../etc"}),
+    "ctx-create-bad-status": _forged(_NEW_CONTEXT, "ctx.create", _CONTEXT | {"status": "pwned"}),
+    "ctx-list-not-a-list": _forged(_CONTEXTS, "ctx.list", {"contexts": {}}),
+    "ctx-list-bad-entry": _forged(_CONTEXTS, "ctx.list", {"contexts": [5]}),
+}
+
+_DEEP = 100_000
+_EVENT = b'{"id": null, "event": "kernel", "context": "default", "channel": "iopub", "msg": '
+
+BAD_FRAMES: dict[str, bytes] = {
+    "nested-arrays": b"[" * _DEEP + b"\n",
+    "nested-in-a-reply": b'{"id": 1, "ok": true, "result": ' + b"[" * _DEEP + b"]" * _DEEP + b"}\n",
+    "not-json": b"this is not JSON\n",
+    "invalid-utf8": b'{"id": 1, "\xff\xfe": 1}\n',
+    "json-array": b"[1, 2]\n",
+    "json-string": b'"frame"\n',
+    "json-number": b"5\n",
+    "json-null": b"null\n",
+    "id-string": b'{"id": "1", "ok": true, "result": {}}\n',
+    "id-bool": b'{"id": true, "ok": true, "result": {}}\n',
+    "id-float": b'{"id": 1.5, "ok": true, "result": {}}\n',
+    "id-list": b'{"id": [1], "ok": true, "result": {}}\n',
+    "id-missing": b'{"ok": true, "result": {}}\n',
+    "id-5000-digits": b'{"id": ' + b"9" * 5000 + b', "ok": true}\n',
+    "event-msg-list": _EVENT + b"[1]}\n",
+    "event-header-text": _EVENT + b'{"header": "x", "parent_header": {}, "metadata": {}, '
+    b'"content": {}}}\n',
+    "event-parent-id-list": _EVENT + b'{"header": {}, "parent_header": {"msg_id": [1]}, '
+    b'"metadata": {}, "content": {}}}\n',
+    "event-context-int": b'{"id": null, "event": "context_status", "context": 5, '
+    b'"status": "dead"}\n',
+    "event-unknown": b'{"id": null, "event": "pwn", "context": "default"}\n',
+}
+"""Frames a hostile guest writes on the agent's port; the link drops each and goes on. (A
+line longer than the link's limit is ``test_hostile_input``'s own case: 300 MiB.)"""

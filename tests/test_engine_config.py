@@ -17,9 +17,12 @@ import pytest
 from traitlets import Bool, Enum, Float, Int, List, TraitType, Unicode
 from traitlets.config import Configurable
 
+from sandfork.backends.agent_link import MAX_FRAME
+from sandfork.engine.config import MAX_FILE_BYTES
 from sandfork.engine.engine_app import (
     CONFIG_FILE_NAME,
     HOME_ENV,
+    EngineConfigError,
     SandforkEngineApp,
     env_name,
 )
@@ -217,3 +220,16 @@ def test_show_config_prints_the_settings_without_serving(clean_env: Path) -> Non
     assert str(clean_env / f"{CONFIG_FILE_NAME}.py") in result.stdout
     for line in (".max_cpus = 3", ".max_sandboxes = 9", ".port = 0"):
         assert line in result.stdout
+
+
+def test_file_reads_must_fit_one_frame_of_the_agent_link() -> None:
+    """A read's reply crosses the agent link as one base64 frame: a larger max_file_bytes
+    would make every big read fail, so the engine refuses it at start."""
+    app = SandforkEngineApp()
+    app.initialize([f"--EngineConfig.max_file_bytes={MAX_FILE_BYTES + 1}"])
+    with pytest.raises(EngineConfigError, match="max_file_bytes must be from 1 to"):
+        app.engine_config()
+    app = SandforkEngineApp()
+    app.initialize([f"--EngineConfig.max_file_bytes={MAX_FILE_BYTES}"])
+    assert app.engine_config().max_file_bytes == MAX_FILE_BYTES
+    assert (MAX_FILE_BYTES + 2) // 3 * 4 + 2**10 < MAX_FRAME

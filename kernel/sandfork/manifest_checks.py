@@ -1,7 +1,8 @@
-"""Checks of the manifest that heads an exported file (a snapshot's or a template's), which
-nothing vouches for: JSON by :mod:`sandfork.strict_json`'s rule (no key twice, no ``NaN``,
-bounded nesting), fields of known names only, bounded integers, strings of a pattern, and
-member entries (size and SHA-256).
+"""Checks of documents nothing vouches for: the manifest that heads an exported file (a
+snapshot's or a template's) and the guest agent's replies (:mod:`sandfork.engine.replies`).
+JSON by :mod:`sandfork.strict_json`'s rule (no key twice, no ``NaN``, bounded nesting), fields
+of known names only, bounded integers, strings of a pattern or a length, booleans, and member
+entries (size and SHA-256).
 
 Each check raises the caller's own error, made by ``fail`` from a message that says where the
 document is wrong, so the snapshot and template imports word their refusals alike.
@@ -34,12 +35,15 @@ def fields(
     required: Collection[str],
     fail: Fail,
     optional: Collection[str] = frozenset(),
+    *,
+    others: bool = False,
 ) -> dict[str, Any]:
-    """``value`` if it is an object with every ``required`` field and no unknown one."""
+    """``value`` if it is an object with every ``required`` field and no unknown one
+    (``others``: unknown ones are let be, for the caller to ignore)."""
     if not isinstance(value, dict):
         raise fail(f"{where} must be an object")
     unknown = sorted(set(value) - set(required) - set(optional))
-    if unknown:
+    if unknown and not others:
         raise fail(f"unknown field {str(unknown[0])[:100]!r} in {where}")
     missing = sorted(set(required) - set(value))
     if missing:
@@ -51,6 +55,27 @@ def integer(value: object, where: str, lo: int, hi: int, fail: Fail) -> int:
     """``value`` if it is an integer (not a boolean) from ``lo`` to ``hi``."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise fail(f"{where} must be an integer from {lo} to {hi}")
+    return value
+
+
+def number(value: object, where: str, lo: float, hi: float, fail: Fail) -> float:
+    """``value`` if it is a number (not a boolean, not NaN) from ``lo`` to ``hi``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise fail(f"{where} must be a number from {lo:g} to {hi:g}")
+    return value
+
+
+def flag(value: object, where: str, fail: Fail) -> bool:
+    """``value`` if it is a boolean."""
+    if not isinstance(value, bool):
+        raise fail(f"{where} must be true or false")
+    return value
+
+
+def text(value: object, where: str, most: int, fail: Fail) -> str:
+    """``value`` if it is a string of at most ``most`` characters."""
+    if not isinstance(value, str) or len(value) > most:
+        raise fail(f"{where} must be text of at most {most} characters")
     return value
 
 

@@ -3,6 +3,13 @@
 One :class:`AgentLink` per sandbox: a Unix-socket connection to the VM's virtio-serial
 chardev, with concurrent requests multiplexed by id, streamed events delivered to the
 request that asked for them, and unsolicited kernel events fanned out to subscribers.
+
+The guest is untrusted (its code runs as root and can write frames on the agent's port), so
+the link survives any frame: one that is not JSON, too deep, not an object, with an id of the
+wrong type or longer than :data:`MAX_FRAME` is dropped, logged and counted
+(:attr:`AgentLink.bad_frames`); a reply whose envelope breaks the protocol fails its request
+with :class:`AgentBadReply`. What a reply's result holds is checked by its user
+(:mod:`sandfork.engine.replies`).
 """
 
 from __future__ import annotations
@@ -12,19 +19,32 @@ import contextlib
 import itertools
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_client.jsonutil import json_default
 
+from sandfork.agent.protocol import ERROR_TYPES
+from sandfork.protocol import CONTEXT_ID
+
 log = logging.getLogger(__name__)
 
 KernelListener = Callable[[dict[str, Any]], None]
-"""Called with each unsolicited event (``kernel`` and ``context_status``) of the guest."""
+"""Called with each unsolicited event (``kernel`` and ``context_status``) of the guest, its
+shape checked (:func:`_checked_event`)."""
 
-# A frame can carry a whole file as base64; asyncio's default 64 KiB line limit is far too small.
-_MAX_FRAME = 256 * 1024 * 1024
+MAX_FRAME = 64 * 2**20
+"""Longest line the link takes from the guest: a 32 MiB file as base64 (``fs.read`` at the
+default ``max_file_bytes``) fits. A longer line is skipped as it streams in, never buffered
+whole, so one frame costs the engine at most this (and its parsed form)."""
+_READ_CHUNK = 2**20
+_MAX_ERROR_CHARS = 4096  # of an error message the agent sends
+_KERNEL_CHANNELS = frozenset({"iopub", "shell", "stdin", "control"})
+_MSG_PARTS = ("header", "parent_header", "metadata", "content")
+_CONTEXT = re.compile(CONTEXT_ID)
+_LEADING_ID = re.compile(rb'\{"id": ?(\d{1,18})[,}]')  # how the agent starts every frame
 
 DEFAULT_AGENT_TIMEOUT = 30.0
 """Seconds a request may wait for its reply when its caller names no deadline."""
@@ -53,6 +73,10 @@ class AgentUnavailable(Exception):
     """The agent cannot be reached (VM gone, or the channel closed mid-request)."""
 
 
+class AgentBadReply(Exception):
+    """The agent's reply to a request breaks the protocol (its shape, its types, a bound)."""
+
+
 class AgentTimeout(TimeoutError):
     """The agent did not answer a request within its deadline (it may still, later)."""
 
@@ -79,6 +103,9 @@ class AgentLink:
     _listeners: list[KernelListener] = field(default_factory=list)
     _read_task: asyncio.Task[None] | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    max_frame: int = MAX_FRAME
+    bad_frames: int = 0
+    """Frames from the guest dropped since the link was made (each logged, up to a bound)."""
 
     async def connect(self, timeout: float = 60.0, alive: Callable[[], bool] | None = None) -> None:
         """Connect and wait until the agent answers ``ping``.
@@ -99,7 +126,7 @@ class AgentLink:
                 # wait in the port and are answered (then ignored) once the agent runs.
                 await self.request("ping", wait=0.5)
                 return
-            except (OSError, AgentUnavailable, TimeoutError) as e:
+            except (OSError, AgentUnavailable, AgentBadReply, TimeoutError) as e:
                 last = e
                 if not self.connected:
                     await self.close()
@@ -109,7 +136,7 @@ class AgentLink:
 
     async def _open(self) -> None:
         self._reader, self._writer = await asyncio.open_unix_connection(
-            self.socket_path, limit=_MAX_FRAME
+            self.socket_path, limit=_READ_CHUNK
         )
         self._read_task = asyncio.create_task(self._read_loop())
 
@@ -194,35 +221,85 @@ class AgentLink:
                 del self._pending[key]
 
     async def _read_loop(self) -> None:
+        """Split the guest's bytes into lines, each at most :attr:`max_frame` long: the bytes
+        of a longer one are dropped as they come, so it never takes more memory than that."""
         assert self._reader is not None
+        line = bytearray()
+        overlong: bytes | None = None  # the head of a line being skipped
         try:
-            while True:
-                line = await self._reader.readline()
-                if not line:
-                    break
-                try:
-                    frame = json.loads(line)
-                except ValueError:
-                    log.debug("dropping unparsable frame from agent")
-                    continue
-                self._dispatch(frame)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+            while chunk := await self._reader.read(_READ_CHUNK):
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    if overlong is None and len(line) + end - start <= self.max_frame:
+                        line += chunk[start:end]
+                        self._on_line(line)
+                    else:
+                        self._overlong(overlong or bytes(line[:64]) or chunk[start : start + 64])
+                    line.clear()
+                    overlong, start = None, end + 1
+                if overlong is None and len(line) + len(chunk) - start > self.max_frame:
+                    overlong = bytes(line[:64]) or chunk[start : start + 64]
+                    line.clear()
+                elif overlong is None:
+                    line += chunk[start:]
+        except (OSError, asyncio.IncompleteReadError) as e:
             log.debug("agent channel read failed: %s", e)
         finally:
             self._fail_all(AgentUnavailable("the connection to the guest agent was lost"))
 
-    def _dispatch(self, frame: dict[str, Any]) -> None:
-        req_id = frame.get("id")
+    def _on_line(self, line: bytearray) -> None:
+        if not line.strip():
+            return
+        try:
+            frame = json.loads(line)
+        except (ValueError, RecursionError) as e:  # bad UTF-8 is a ValueError too
+            self._drop(f"not JSON ({type(e).__name__})", line)
+            return
+        try:
+            self._dispatch(frame, line)
+        except Exception:  # nothing a guest sends may end the link
+            log.exception("dispatching a frame of the guest agent at %s failed", self.socket_path)
+
+    def _overlong(self, head: bytes) -> None:
+        """A line over :attr:`max_frame` was skipped: the request it answers fails."""
+        self._drop(f"longer than {self.max_frame} bytes", head)
+        match = _LEADING_ID.match(head)
+        pending = self._pending.get(int(match.group(1))) if match else None
+        if pending is not None and not pending.future.done():
+            message = f"its reply is longer than the link's limit of {self.max_frame} bytes"
+            pending.future.set_exception(AgentBadReply(message))
+
+    def _drop(self, why: str, line: bytes | bytearray) -> None:
+        self.bad_frames += 1
+        n = self.bad_frames
+        if n <= 10 or n & (n - 1) == 0:  # the first ten, then every power of two: bounded logs
+            log.warning(
+                "dropped frame #%d from the guest agent at %s: %s: %.120r",
+                n,
+                self.socket_path,
+                why,
+                bytes(line[:120]),
+            )
+
+    def _dispatch(self, frame: Any, line: bytearray) -> None:
+        req_id = frame.get("id", False) if isinstance(frame, dict) else False
         if req_id is None:
+            event = _checked_event(frame)
+            if event is None:
+                self._drop("not an event of the protocol", line)
+                return
             for listener in list(self._listeners):
                 try:
-                    listener(frame)
+                    listener(event)
                 except Exception:
                     log.exception("agent event listener failed")
             return
+        if not isinstance(req_id, int) or isinstance(req_id, bool):
+            self._drop("not an object with an integer or null id", line)
+            return
         pending = self._pending.get(req_id)
         if pending is None:
-            return
+            return  # a late reply, or one to a request never sent: nobody waits for it
         if "event" in frame:
             if pending.events is not None:
                 pending.events.put_nowait(frame)
@@ -253,8 +330,43 @@ class AgentLink:
 
 
 def _result(reply: dict[str, Any]) -> dict[str, Any]:
-    if reply.get("ok"):
+    """The result of a reply, or its error raised; :class:`AgentBadReply` for an envelope
+    that is neither (the result's own fields are for its user to check)."""
+    ok = reply.get("ok")
+    if ok is True:
         result = reply.get("result")
-        return result if isinstance(result, dict) else {}
-    error = reply.get("error") or {}
-    raise AgentError(str(error.get("type", "Internal")), str(error.get("message", "agent error")))
+        if not isinstance(result, dict):
+            raise AgentBadReply("a successful reply must carry a result object")
+        return result
+    error = reply.get("error")
+    if ok is not False or not isinstance(error, dict):
+        raise AgentBadReply("a reply must be ok with a result or not ok with an error")
+    kind, message = error.get("type"), error.get("message")
+    if kind not in ERROR_TYPES or not isinstance(message, str):
+        raise AgentBadReply("an error must have a known type and a message")
+    if len(message) > _MAX_ERROR_CHARS:
+        message = message[:_MAX_ERROR_CHARS] + "…"
+    raise AgentError(kind, message)
+
+
+def _checked_event(frame: dict[str, Any]) -> dict[str, Any] | None:
+    """An unsolicited event of the protocol's shape (docs/agent-protocol.md), else None."""
+    context = frame.get("context")
+    if not isinstance(context, str) or not _CONTEXT.fullmatch(context):
+        return None
+    if frame.get("event") == "kernel":
+        msg = frame.get("msg")
+        if frame.get("channel") not in _KERNEL_CHANNELS or not isinstance(msg, dict):
+            return None
+        if not all(isinstance(msg.get(part), dict) for part in _MSG_PARTS):
+            return None
+        buffers = msg.get("buffers", [])
+        if not isinstance(buffers, list) or not all(isinstance(b, str) for b in buffers):
+            return None
+        return frame
+    if frame.get("event") == "context_status":
+        status, reason = frame.get("status"), frame.get("reason", "")
+        if status not in ("dead", "restarted") or not isinstance(reason, str):
+            return None
+        return {**frame, "reason": reason[:_MAX_ERROR_CHARS]}
+    return None

@@ -181,6 +181,7 @@ async def serve(config: EngineConfig) -> None:
             agent_timeout=config.agent_timeout,
             max_file_bytes=config.max_file_bytes,
             inventory_timeout=config.inventory_timeout,
+            hibernate_wait=config.hibernate_wait,
         ),
         egress,
     )

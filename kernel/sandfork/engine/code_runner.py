@@ -2,17 +2,17 @@
 
 The guest agent only relays Jupyter messages; this module builds the execute request and
 turns the replies into the API's shape: ``results`` (one ``{type, data}`` per MIME type of
-each ``execute_result``/``display_data``), ``stdout``, ``stderr`` and ``error``.
+each ``execute_result``/``display_data``), ``stdout``, ``stderr`` and ``error``. The kernel
+is the guest's, so its messages are untrusted: each kind of output is kept within the output
+budget as it arrives (:mod:`sandfork.engine.outputs`), fields of the wrong type are ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,19 +24,10 @@ from sandfork.backends.agent_link import (
     AgentLink,
     AgentTimeout,
 )
+from sandfork.engine import outputs
 from sandfork.engine.errors import NotFound, Timeout
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _INTERRUPT_GRACE = 10.0  # seconds an interrupted cell gets to wind down
-
-
-def truncate(text: str, limit: int) -> str:
-    """Cut ``text`` to ``limit`` bytes of UTF-8, ending with a marker saying how much went."""
-    data = text.encode()
-    if len(data) <= limit:
-        return text
-    kept = data[:limit].decode(errors="ignore")
-    return f"{kept}\n[sandfork: output truncated, {len(data) - limit} bytes omitted]\n"
 
 
 @dataclass
@@ -44,9 +35,9 @@ class _Run:
     context: str
     max_output: int
     started: float = field(default_factory=time.monotonic)
-    results: list[dict[str, Any]] = field(default_factory=list)
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
+    results: outputs.Results = field(init=False)
+    stdout: outputs.Stream = field(init=False)
+    stderr: outputs.Stream = field(init=False)
     error: dict[str, Any] | None = None
     execution_count: int | None = None
     user_expressions: Any = None  # as the kernel sent them: untrusted
@@ -55,12 +46,22 @@ class _Run:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     died: str | None = None
 
+    def __post_init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self.results = outputs.Results(self.max_output)
+        self.stdout = outputs.Stream(self.max_output)
+        self.stderr = outputs.Stream(self.max_output)
+
     def add(self, channel: str, msg: dict[str, Any]) -> None:
-        kind = msg.get("header", {}).get("msg_type")
-        content = msg.get("content", {})
+        """One message of the kernel's about this run (its parts are dicts: the link checks)."""
+        kind = msg["header"].get("msg_type")
+        content = msg["content"]
         if channel == "shell" and kind == "execute_reply":
             self.replied = True
-            self.execution_count = content.get("execution_count")
+            count = content.get("execution_count")
+            self.execution_count = count if type(count) is int else None
             self.user_expressions = content.get("user_expressions")
             if content.get("status") == "aborted" and self.error is None:
                 self.error = {
@@ -70,26 +71,14 @@ class _Run:
                 }
         elif kind == "status" and content.get("execution_state") == "idle":
             self.idle = True
-        elif kind == "stream":
-            (self.stdout if content.get("name") == "stdout" else self.stderr).append(
-                content.get("text", "")
-            )
+        elif kind == "stream" and isinstance(text := content.get("text"), str):
+            (self.stdout if content.get("name") == "stdout" else self.stderr).add(text)
         elif kind in ("execute_result", "display_data"):
-            for mime, value in (content.get("data") or {}).items():
-                data = value if isinstance(value, str) else json.dumps(value)
-                self.results.append(
-                    {"type": mime, "data": data, "is_main_result": kind == "execute_result"}
-                )
+            self.results.add(content.get("data"), kind == "execute_result")
         elif kind == "error":
-            self.error = {
-                "name": content.get("ename", ""),
-                "value": content.get("evalue", ""),
-                "traceback": [_ANSI.sub("", line) for line in content.get("traceback", [])],
-            }
+            self.error = outputs.error(content, self.max_output)
         elif kind == "clear_output":
-            self.results.clear()
-            self.stdout.clear()
-            self.stderr.clear()
+            self._clear()
         if self.replied and self.idle:
             self.done.set()
 
@@ -106,9 +95,9 @@ class _Run:
                 "traceback": [],
             }
         return {
-            "results": self.results,
-            "stdout": truncate("".join(self.stdout), self.max_output),
-            "stderr": truncate("".join(self.stderr), self.max_output),
+            "results": self.results.to_api(),
+            "stdout": self.stdout.text(),
+            "stderr": self.stderr.text(),
             "error": error,
             "exit_code": 1 if error else 0,
             "execution_count": self.execution_count,
@@ -117,24 +106,47 @@ class _Run:
 
 
 class CodeRunner:
-    """Runs code in the code contexts of one sandbox."""
+    """Runs code in the code contexts of one sandbox, and follows which of its kernels are
+    busy (as their iopub ``status`` messages say, whoever asked them to run)."""
 
-    def __init__(self, agent: AgentLink) -> None:
+    def __init__(self, agent: AgentLink, on_change: Callable[[], None] | None = None) -> None:
         self._agent = agent
         self._session = Session(username="sandfork")
         self._runs: dict[str, _Run] = {}
+        self._busy: set[str] = set()
+        self._on_change = on_change  # called when a kernel turns busy or idle
         agent.add_listener(self._on_event)
 
+    def busy(self) -> list[str]:
+        """The contexts whose kernel is running something, sorted."""
+        return sorted(self._busy)
+
     def _on_event(self, frame: dict[str, Any]) -> None:
-        if frame.get("event") == "kernel":
-            msg = frame.get("msg") or {}
-            run = self._runs.get((msg.get("parent_header") or {}).get("msg_id", ""))
+        context = frame["context"]  # the link passes only events of the protocol's shape
+        if frame["event"] == "kernel":
+            msg = frame["msg"]
+            if frame["channel"] == "iopub" and msg["header"].get("msg_type") == "status":
+                self._kernel_state(context, msg["content"].get("execution_state") == "busy")
+            msg_id = msg["parent_header"].get("msg_id")
+            run = self._runs.get(msg_id) if isinstance(msg_id, str) else None
             if run is not None:
-                run.add(str(frame.get("channel")), msg)
-        elif frame.get("event") == "context_status" and frame.get("status") == "dead":
-            for run in self._runs.values():
-                if run.context == frame.get("context"):
-                    run.kernel_died(str(frame.get("reason", "unknown reason")))
+                run.add(frame["channel"], msg)
+        else:  # context_status: dead or restarted, running nothing either way
+            self._kernel_state(context, False)
+            if frame["status"] == "dead":
+                for run in self._runs.values():
+                    if run.context == context:
+                        run.kernel_died(frame["reason"] or "unknown reason")
+
+    def _kernel_state(self, context: str, busy: bool) -> None:
+        if busy == (context in self._busy):
+            return
+        if busy:
+            self._busy.add(context)
+        else:
+            self._busy.discard(context)
+        if self._on_change is not None:
+            self._on_change()
 
     async def run(
         self,

@@ -8,10 +8,17 @@ reachable from all three at once.
 
 from __future__ import annotations
 
-from traitlets import Bool, Enum, Float, Int, List, Unicode
+from typing import Any
+
+from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
+from sandfork.backends.agent_link import MAX_FRAME
 from sandfork.strict_json import MAX_JSON_DEPTH
+
+MAX_FILE_BYTES = (MAX_FRAME - 2**16) // 4 * 3
+"""Largest ``max_file_bytes``: a read's reply (base64, in one frame) must fit the agent
+link's frame limit."""
 
 
 class EngineConfig(LoggingConfigurable):
@@ -122,8 +129,17 @@ class EngineConfig(LoggingConfigurable):
     ).tag(config=True)
     max_file_bytes = Int(
         32 * 2**20,
-        help="Largest file the files API writes or reads in one request (larger reads: ranges).",
+        help="Largest file the files API writes or reads in one request (larger reads: "
+        f"ranges); at most {MAX_FILE_BYTES}, what one frame of the agent link can carry.",
     ).tag(config=True)
+
+    @validate("max_file_bytes")
+    def _fits_a_frame(self, proposal: dict[str, Any]) -> int:
+        value = int(proposal["value"])
+        if not 0 < value <= MAX_FILE_BYTES:
+            raise TraitError(f"max_file_bytes must be from 1 to {MAX_FILE_BYTES}, got {value}")
+        return value
+
     max_json_depth = Int(
         MAX_JSON_DEPTH, help="Deepest nesting of arrays and objects in a JSON body."
     ).tag(config=True)
@@ -166,6 +182,12 @@ class EngineConfig(LoggingConfigurable):
         30.0,
         help="Seconds the guest agent may take to answer a request (exec and run_code: their "
         "timeout plus this); past it the sandbox is reported unresponsive (504).",
+    ).tag(config=True)
+    hibernate_wait = Float(
+        30.0,
+        help="Seconds a hibernation waits for the work running in its sandbox (API calls, "
+        "and cells its kernels run for a notebook) to finish; past it the hibernation is "
+        "refused with 409 'busy' and the sandbox runs on. 0: refuse at once when busy.",
     ).tag(config=True)
     inventory_timeout = Float(
         2.0,

@@ -55,3 +55,13 @@ class Unresponsive(ApiError):
     """
 
     status = 504
+
+
+class BadReply(ApiError):
+    """The sandbox's guest agent sent a reply that breaks its protocol (502).
+
+    Guest code runs as root and can forge the agent's replies; the engine refuses them
+    rather than trust them. The sandbox keeps running.
+    """
+
+    status = 502

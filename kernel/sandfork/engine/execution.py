@@ -2,7 +2,9 @@
 
 One job: every request that reaches a running sandbox's guest agent. Each has a deadline:
 ``agent_timeout`` (exec and run_code: their own timeout plus it); reads and writes are
-bounded by ``max_file_bytes``. Every exec and run_code (streamed or not) is appended to the
+bounded by ``max_file_bytes``; each runs as an operation of the sandbox, which a hibernation
+waits for (:mod:`sandfork.engine.activity`); each reply is checked before use
+(:mod:`sandfork.engine.replies`). Every exec and run_code (streamed or not) is appended to the
 sandbox's ledger here, with its result or its failure, so a resume can replay it.
 """
 
@@ -16,11 +18,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sandfork.backends.agent_link import AgentError, AgentUnavailable, default_wait
+from sandfork.backends.agent_link import (
+    AgentBadReply,
+    AgentError,
+    AgentUnavailable,
+    default_wait,
+)
+from sandfork.engine import outputs, replies
 from sandfork.engine.db import SandboxRecord
-from sandfork.engine.errors import ApiError, Conflict, NotFound, Timeout, TooLarge, Unresponsive
+from sandfork.engine.errors import (
+    ApiError,
+    BadReply,
+    Conflict,
+    NotFound,
+    Timeout,
+    TooLarge,
+    Unresponsive,
+)
 from sandfork.engine.ledger import Ledger, now
-from sandfork.engine.sandboxes import SandboxService
+from sandfork.engine.sandboxes import Live, SandboxService
 from sandfork.protocol import DEFAULT_CONTEXT
 
 _AGENT_ERROR_STATUS = {
@@ -35,6 +51,7 @@ _AGENT_ERROR_STATUS = {
 }
 UNRESPONSIVE = "unresponsive: "  # how a sandbox's ``error`` starts while its agent is silent
 _RESULT_FIELDS = ("stdout", "stderr", "exit_code", "duration_ms", "truncated")
+Check = Callable[[dict[str, Any]], Any]  # a reply check of sandfork.engine.replies
 
 # Run in a fork's code contexts when asked: forks start with identical RNG states.
 _RESEED = """\
@@ -50,7 +67,7 @@ del _os, _random, _sys
 def agent_failures(record: SandboxRecord) -> Iterator[None]:
     """Map the agent's errors to API errors: its own by type, a lost connection as a 409,
     no answer within the deadline as a 504 (and the sandbox's ``error`` says unresponsive
-    until its agent answers again)."""
+    until its agent answers again), a reply that breaks the protocol as a 502."""
     try:
         yield
     except TimeoutError as e:
@@ -58,6 +75,9 @@ def agent_failures(record: SandboxRecord) -> Iterator[None]:
         raise Unresponsive(f"sandbox {record.id} is unresponsive: {e}") from e
     except AgentUnavailable as e:
         raise Conflict(f"sandbox {record.id} did not answer: {e}") from e
+    except AgentBadReply as e:
+        _answered(record)
+        raise BadReply(f"the guest agent of sandbox {record.id} sent an invalid reply: {e}") from e
     except AgentError as e:
         _answered(record)
         raise ApiError(e.message, _AGENT_ERROR_STATUS.get(e.type, 500)) from e
@@ -100,14 +120,20 @@ class ExecutionService:
         self.max_file_bytes = max_file_bytes
 
     async def _call(
-        self, sandbox_id: str, op: str, args: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """One agent request within its deadline, agent failures mapped to API errors."""
-        live = await self.sandboxes.awake(sandbox_id)
+        self, sandbox_id: str, op: str, args: dict[str, Any] | None = None, check: Check = dict
+    ) -> Any:
+        """One agent request, an operation of the sandbox: its result checked by ``check``,
+        agent failures mapped to API errors."""
+        async with self.sandboxes.working(sandbox_id) as live:
+            return await self._request(live, op, args, check)
+
+    async def _request(self, live: Live, op: str, args: dict[str, Any] | None, check: Check) -> Any:
+        """:meth:`_call` in a sandbox already at hand (within an operation)."""
         with agent_failures(live.record):
-            return await live.instance.agent.request(
+            result = await live.instance.agent.request(
                 op, args, wait=default_wait(op, self.agent_timeout)
             )
+            return check(result)
 
     async def _recorded(
         self, sandbox_id: str, kind: str, request: dict[str, Any], call: Awaitable[dict[str, Any]]
@@ -158,13 +184,14 @@ class ExecutionService:
         return await self._recorded(sandbox_id, "exec", request, self._exec(sandbox_id, command))
 
     async def _exec(self, sandbox_id: str, command: Command) -> dict[str, Any]:
-        live = await self.sandboxes.awake(sandbox_id)
         args = self._exec_args(command, stream=False)
-        with agent_failures(live.record):
-            result = await live.instance.agent.request(
-                "exec", args, wait=args["timeout"] + self.agent_timeout
-            )
-        if result.get("timed_out"):
+        async with self.sandboxes.working(sandbox_id) as live:
+            with agent_failures(live.record):
+                reply = await live.instance.agent.request(
+                    "exec", args, wait=args["timeout"] + self.agent_timeout
+                )
+                result = replies.exec_result(reply, self.max_output)
+        if result["timed_out"]:
             raise Timeout(f"timeout: the command ran past {args['timeout']:g} s and was killed")
         return {k: result[k] for k in _RESULT_FIELDS}
 
@@ -174,33 +201,39 @@ class ExecutionService:
         """Run a shell command, yielding ``stdout``/``stderr`` events as they come and then
         ``result`` (the fields of :meth:`exec`'s answer). With ``request``, the call is
         recorded in the ledger like :meth:`exec` and its ``result`` carries its ``seq``."""
-        live = await self.sandboxes.awake(sandbox_id)  # a 404/409 before the stream starts
         args = self._exec_args(command, stream=True)
         events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
-        async def run() -> dict[str, Any]:
+        async def run(live: Live) -> dict[str, Any]:
+            bounded = outputs.Rebounded(self.max_output)
             try:
                 with agent_failures(live.record):
                     async for event in live.instance.agent.stream(
                         "exec", args, wait=args["timeout"] + self.agent_timeout
                     ):
                         if event["event"] == "result":
-                            if event.get("timed_out"):
+                            result = replies.exec_result(event, self.max_output)
+                            if result["timed_out"]:
                                 raise Timeout("timeout: the command was killed")
-                            return {k: event[k] for k in _RESULT_FIELDS}
-                        events.put_nowait(event)
-                raise ApiError("the command's output stream ended without a result", 502)
+                            return {k: result[k] for k in _RESULT_FIELDS}
+                        name, data = replies.stream_event(event)
+                        if (kept := bounded.event(name, data)) is not None:
+                            events.put_nowait({"event": name, "data": kept})
+                raise BadReply("the command's output stream ended without a result")
             finally:
                 events.put_nowait(None)
 
-        call = run() if request is None else self._recorded(sandbox_id, "exec", request, run())
-        task = asyncio.ensure_future(call)
-        try:
-            while (event := await events.get()) is not None:
-                yield event
-            yield {"event": "result", **(await task)}
-        finally:
-            task.cancel()
+        async with self.sandboxes.working(sandbox_id) as live:
+            call = run(live)
+            if request is not None:
+                call = self._recorded(sandbox_id, "exec", request, call)
+            task = asyncio.ensure_future(call)
+            try:
+                while (event := await events.get()) is not None:
+                    yield event
+                yield {"event": "result", **(await task)}
+            finally:
+                task.cancel()
 
     # -- files ------------------------------------------------------------------------------
 
@@ -213,24 +246,35 @@ class ExecutionService:
         regular file (a device, a pipe) without one.
         """
         args = {"path": path, "offset": offset, "length": length, "max_bytes": self.max_file_bytes}
-        result = await self._call(sandbox_id, "fs.read", args)
-        return base64.b64decode(result["data"])
+        most = self.max_file_bytes if length is None else min(length, self.max_file_bytes)
+        data: bytes = await self._call(
+            sandbox_id, "fs.read", args, lambda r: replies.file_data(r, most)
+        )
+        return data
 
     async def write_file(self, sandbox_id: str, path: str, data: bytes) -> dict[str, Any]:
         """Write a file in the sandbox (parent directories are created)."""
         if len(data) > self.max_file_bytes:
             raise TooLarge(f"the file is larger than the limit of {self.max_file_bytes} bytes")
-        return await self._call(
-            sandbox_id, "fs.write", {"path": path, "data": base64.b64encode(data).decode()}
+        args = {"path": path, "data": base64.b64encode(data).decode()}
+        written: dict[str, Any] = await self._call(
+            sandbox_id, "fs.write", args, lambda r: replies.written(r, self.max_file_bytes)
         )
+        return written
 
     async def list_dir(self, sandbox_id: str, path: str) -> dict[str, Any]:
         """The entries of a directory in the sandbox."""
-        return await self._call(sandbox_id, "fs.list", {"path": path})
+        entries: dict[str, Any] = await self._call(
+            sandbox_id, "fs.list", {"path": path}, replies.listing
+        )
+        return entries
 
     async def stat(self, sandbox_id: str, path: str) -> dict[str, Any]:
         """Name, size, mode, mtime and type of a path in the sandbox."""
-        return await self._call(sandbox_id, "fs.stat", {"path": path})
+        entry: dict[str, Any] = await self._call(
+            sandbox_id, "fs.stat", {"path": path}, replies.stat
+        )
+        return entry
 
     async def delete_path(self, sandbox_id: str, path: str, recursive: bool) -> None:
         """Delete a file (or, ``recursive``, a directory tree) in the sandbox."""
@@ -240,11 +284,20 @@ class ExecutionService:
 
     async def contexts(self, sandbox_id: str) -> dict[str, Any]:
         """The sandbox's code contexts: ``{"contexts": [{id, status, ...}]}``."""
-        return await self._call(sandbox_id, "ctx.list")
+        async with self.sandboxes.working(sandbox_id) as live:
+            return await self.contexts_of(live)
+
+    async def contexts_of(self, live: Live) -> dict[str, Any]:
+        """:meth:`contexts` of a sandbox at hand, within an operation (or a capture) already."""
+        found: dict[str, Any] = await self._request(live, "ctx.list", None, replies.contexts)
+        return found
 
     async def create_context(self, sandbox_id: str, isolated: bool) -> dict[str, Any]:
         """The default code context, or a new isolated one."""
-        return await self._call(sandbox_id, "ctx.create", {"isolated": isolated})
+        made: dict[str, Any] = await self._call(
+            sandbox_id, "ctx.create", {"isolated": isolated}, replies.context
+        )
+        return made
 
     async def close_context(self, sandbox_id: str, context: str) -> None:
         """Shut an isolated context down; the default context stays for the next turn."""
@@ -270,9 +323,13 @@ class ExecutionService:
         self, sandbox_id: str, context: str, channel: str, msg: dict[str, Any]
     ) -> None:
         """Hand one Jupyter message (``shell``, ``control`` or ``stdin``) to a context's
-        kernel; its replies come to the listeners of :meth:`subscribe`."""
+        kernel; its replies come to the listeners of :meth:`subscribe`.
+
+        Not an operation: the kernel channels are a live stream the engine cannot wait on
+        (a hibernation waits for the kernel to be idle instead), and never wake a sandbox:
+        a channel is closed when its sandbox stops."""
         args = {"context": context, "channel": channel, "msg": msg}
-        await self._call(sandbox_id, "ctx.send", args)
+        await self._request(self.sandboxes.live(sandbox_id), "ctx.send", args, dict)
 
     async def run_code(
         self,
@@ -291,16 +348,16 @@ class ExecutionService:
     async def _run(
         self, sandbox_id: str, context: str, code: str, timeout: float | None, silent: bool = False
     ) -> dict[str, Any]:
-        live = await self.sandboxes.awake(sandbox_id)
-        with agent_failures(live.record):
-            return await live.runner.run(
-                context,
-                code,
-                timeout or self.default_timeout,
-                self.max_output,
-                margin=self.agent_timeout,
-                silent=silent,
-            )
+        async with self.sandboxes.working(sandbox_id) as live:
+            with agent_failures(live.record):
+                return await live.runner.run(
+                    context,
+                    code,
+                    timeout or self.default_timeout,
+                    self.max_output,
+                    margin=self.agent_timeout,
+                    silent=silent,
+                )
 
     async def reseed_python(self, sandbox_id: str) -> None:
         """Reseed ``random`` (and NumPy's global generator) in every running context."""

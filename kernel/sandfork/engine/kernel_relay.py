@@ -8,6 +8,11 @@ the context. A kernel or sandbox that dies is reported as an iopub ``status`` me
 ``execution_state: "dead"`` (the reason in its metadata), and the relay closes when the
 sandbox is gone. The transport (a WebSocket) is the caller's: it hands frames in with
 :meth:`KernelRelay.receive` and gets them out through ``deliver``.
+
+A live stream, not stored, and not throttled; one kernel message costs the engine at most the
+agent link's frame limit (:data:`sandfork.backends.agent_link.MAX_FRAME`, 64 MiB: a longer
+one is dropped there unread) for its line and its parsed form, and one JSON copy per client
+until the client's socket drains.
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandfork.backends.base import Capture, Instance
 from sandfork.crashpoints import crash_point
+from sandfork.engine.activity import Activity
 from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.code_runner import CodeRunner
@@ -96,6 +97,7 @@ class SandboxService:
         self.build_template: Callable[[TemplateSpec], BuiltTemplate] = functools.partial(
             ensure_template, progress=False
         )
+        self.activity = Activity()  # the operations running in each sandbox
         # Wakes a hibernated sandbox from its capture (SnapshotService.wake sets itself).
         self.waker: Callable[[str], Awaitable[object]] | None = None
 
@@ -150,7 +152,8 @@ class SandboxService:
 
     def _go_live(self, record: SandboxRecord, instance: Instance) -> Live:
         egress = None if self.egress is None else self.egress.open(record.id, instance.open_egress)
-        live = Live(record, instance, CodeRunner(instance.agent), egress)
+        runner = CodeRunner(instance.agent, functools.partial(self.activity.changed, record.id))
+        live = Live(record, instance, runner, egress)
         self._live[record.id] = live
         return live
 
@@ -370,10 +373,27 @@ class SandboxService:
         return record
 
     async def awake(self, sandbox_id: str) -> Live:
-        """A running sandbox, woken first if it is hibernated (as any use of it does)."""
+        """A running sandbox, woken first if it is hibernated (as any use of it does), after
+        a hibernation under way."""
+        await self.activity.held_back(sandbox_id)
+        return await self._awake(sandbox_id)
+
+    @contextlib.asynccontextmanager
+    async def working(self, sandbox_id: str) -> AsyncIterator[Live]:
+        """The block is an operation in the sandbox (:mod:`sandfork.engine.activity`), which
+        :meth:`awake` gives: a hibernation waits for it, and it waits for a hibernation."""
+        async with self.activity.operation(sandbox_id):
+            yield await self._awake(sandbox_id)
+
+    async def _awake(self, sandbox_id: str) -> Live:
         if self.get(sandbox_id).status in HIBERNATED and self.waker is not None:
             await self.waker(sandbox_id)
         return self.live(sandbox_id)
+
+    def busy_kernels(self, sandbox_id: str) -> list[str]:
+        """The code contexts of a running sandbox whose kernel is running code."""
+        live = self._live.get(sandbox_id)
+        return live.runner.busy() if live is not None else []
 
     def _forget(self, sandbox_id: str) -> None:
         self.leases.drop(sandbox_id)

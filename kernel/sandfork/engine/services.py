@@ -38,6 +38,8 @@ class Bounds:
     max_file_bytes: int  # largest file read or written in one request
     # seconds a snapshot waits for the kernel's variable inventory
     inventory_timeout: float = EngineConfig.inventory_timeout.default_value
+    # seconds a hibernation waits for the work in its sandbox to end
+    hibernate_wait: float = EngineConfig.hibernate_wait.default_value
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,15 @@ class EngineServices:
             max_file_bytes=bounds.max_file_bytes,
         )
         snapshots = SnapshotService(
-            sandboxes, execution, store, ledger, backends, limits, home, bounds.inventory_timeout
+            sandboxes,
+            execution,
+            store,
+            ledger,
+            backends,
+            limits,
+            home,
+            bounds.inventory_timeout,
+            bounds.hibernate_wait,
         )
         return cls(sandboxes, execution, snapshots)
 

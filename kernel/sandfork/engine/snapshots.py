@@ -172,10 +172,11 @@ class SnapshotStore:
         self._pending.discard(snapshot_id)
 
     def publish(self, record: SnapshotRecord, staging: Path) -> None:
-        """Move a complete snapshot into place (a rename, beside its staging folder: on disk
-        or in scratch memory) and list it."""
+        """Move a complete snapshot into place (a rename: into scratch memory for a fork's
+        capture staged there, else into the snapshot folder) and list it."""
         try:
-            staging.rename(staging.with_name(record.id))
+            in_memory = record.hidden and staging.parent == self.scratch
+            staging.rename((self.scratch if in_memory else self.dir) / record.id)
             self.db.put_snapshot(record)
             self._records[record.id] = record
         finally:

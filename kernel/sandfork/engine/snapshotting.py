@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -54,6 +55,7 @@ class SnapshotService:
         limits: Limits,
         home: Path,
         inventory_timeout: float,
+        hibernate_wait: float,
     ) -> None:
         self.sandboxes = sandboxes
         self.execution = execution
@@ -62,7 +64,8 @@ class SnapshotService:
         self.backends = backends
         self.limits = limits
         self.inventory_timeout = inventory_timeout
-        sandboxes.waker = self.wake
+        self.hibernate_wait = hibernate_wait
+        sandboxes.waker = self._wake
         self.tmp_dir = home / "tmp"  # export and import files; what a killed engine left goes
         exchange.reset_tmp(self.tmp_dir)
 
@@ -99,22 +102,32 @@ class SnapshotService:
         gets the engine's ``inventory.json`` (:mod:`sandfork.engine.inventory`).
         """
         inventory.refuse_client_inventory(attachments)
-        live = await self.sandboxes.awake(sandbox_id)
-        estimate = live.instance.memory_bytes()
-        if hidden:  # a fork's capture: no quota (it is not listed), but its layers are on disk
-            self.limits.check_disk(estimate)
-        else:
-            self.limits.check_snapshot(sum(s.size_bytes for s in self.store.visible()), estimate)
-        async with self.sandboxes.lock(sandbox_id):
-            return await self._capture(sandbox_id, name, hidden, metadata, attachments)
+        async with self.sandboxes.working(sandbox_id) as live:  # a sleeper wakes first
+            estimate = live.instance.memory_bytes()
+            if hidden:  # a fork's capture: no quota (not listed), but its layers are on disk
+                self.limits.check_disk(estimate)
+            else:
+                stored = sum(s.size_bytes for s in self.store.visible())
+                self.limits.check_snapshot(stored, estimate)
+            async with self.sandboxes.lock(sandbox_id):
+                return await self._capture(sandbox_id, name, hidden, metadata, attachments)
 
     async def hibernate(self, sandbox_id: str) -> SandboxRecord:
         """Capture a sandbox and stop its VM (its memory freed); any later use wakes it from
-        the capture under the same id (:meth:`SandboxService.wake`). Hibernating a
-        hibernated sandbox does nothing."""
+        the capture under the same id (:meth:`wake`). Hibernating a hibernated sandbox does
+        nothing.
+
+        It waits, at most ``hibernate_wait`` seconds, until no operation runs in the sandbox
+        and none of its kernels is busy, holding new operations back meanwhile (they run,
+        waking the sandbox, once it is asleep); a 409 "busy" past the wait
+        (:mod:`sandfork.engine.activity`)."""
         if self.sandboxes.get(sandbox_id).status not in HIBERNATED:
             self.sandboxes.live(sandbox_id)  # a 409 for a dead one
-        async with self.sandboxes.lock(sandbox_id):
+        busy = functools.partial(self.sandboxes.busy_kernels, sandbox_id)
+        async with (
+            self.sandboxes.activity.quiet(sandbox_id, busy, self.hibernate_wait),
+            self.sandboxes.lock(sandbox_id),
+        ):
             record = self.sandboxes.get(sandbox_id)
             if record.status in HIBERNATED:
                 return record
@@ -123,8 +136,13 @@ class SnapshotService:
             return await self.sandboxes.hibernated(sandbox_id)
 
     async def wake(self, sandbox_id: str) -> SandboxRecord:
-        """Resume a hibernated sandbox from its capture, under the same id; a running one is
-        left as it is. The capture is deleted once the sandbox runs again."""
+        """Resume a hibernated sandbox from its capture, under the same id (after a
+        hibernation under way); a running one is left as it is."""
+        await self.sandboxes.activity.held_back(sandbox_id)
+        return await self._wake(sandbox_id)
+
+    async def _wake(self, sandbox_id: str) -> SandboxRecord:
+        """:meth:`wake` now; the capture is deleted once the sandbox runs again."""
         async with self.sandboxes.lock(sandbox_id):
             record = self.sandboxes.get(sandbox_id)
             if record.status not in HIBERNATED:
@@ -161,7 +179,7 @@ class SnapshotService:
         await hold_point("snapshot.capture")
         live = self.sandboxes.live(sandbox_id)  # it may have been killed while we waited
         record = live.record
-        contexts = await self.execution.contexts(sandbox_id)
+        contexts = await self.execution.contexts_of(live)
         if not hidden and HIBERNATION not in (metadata or {}):
             found = await inventory.take(live, contexts.get("contexts", []), self.inventory_timeout)
             attachments = {**(attachments or {}), INVENTORY_ATTACHMENT: found}
