@@ -8,6 +8,7 @@ import logging
 
 from .server import serve
 from .transport import DEFAULT_PORT
+from .workloads import configure
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,11 +25,18 @@ def main(argv: list[str] | None = None) -> None:
         metavar="PATH",
         help="listen on a Unix socket instead, one host connection at a time (host tests)",
     )
+    parser.add_argument(
+        "--cgroup-root",
+        metavar="PATH",
+        help="a cgroup2 mount to run user work under, in groups of its own (the guest's init"
+        " passes /sys/fs/cgroup); without it, user work runs in the agent's group",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s sandfork-agent %(levelname)s %(message)s"
     )
+    configure(args.cgroup_root)  # before any thread starts: the move takes the whole process
     asyncio.run(serve(args.port, args.listen_unix))
 
 
