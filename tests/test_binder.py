@@ -4,15 +4,16 @@ repo2docker installs ``binder/apt.txt`` as root, copies the repository into the 
 user's home, runs ``pip install -r binder/requirements.txt`` and ``binder/postBuild`` as that
 user (never root), and at every launch runs ``binder/start`` with JupyterLab's command line.
 This test does the same with an unprivileged user of its own, with ``/etc/subuid`` and
-``/etc/subgid`` entries (the rootless template build needs them): a copy of the working tree
-(tracked and new files, as a clone would have them once committed), a fresh virtualenv with
-Node.js on PATH (repo2docker's base environment has Node.js 20), the install, postBuild (the
-template is built there, cold, rootless), then ``start`` with JupyterLab on loopback. Then the
-demo notebook runs top to bottom through nbclient on the Sandfork kernel, a kernel started by
-JupyterLab gets its sandbox, and JupyterLab serves the lab extension and answers the server
-extension. It prints the time from the copy to a running notebook. Last, postBuild runs again
-the way a Docker build step would run it, user namespaces refused, and imports the template
-``binder/template-url`` names.
+``/etc/subgid`` entries (what a user namespace needs): a copy of the working tree (tracked and
+new files, as a clone would have them once committed), a fresh virtualenv with Node.js on PATH
+(repo2docker's base environment has Node.js 20), the install, postBuild the way a Docker build
+step runs it, user namespaces refused (the template is built there, cold, with fakechroot and
+fakeroot), then ``start`` with JupyterLab on loopback. Then the demo notebook runs top to
+bottom through nbclient on the Sandfork kernel, in a sandbox of that template, a kernel
+started by JupyterLab gets its sandbox, and JupyterLab serves the lab extension and answers the
+server extension. It prints the time from the copy to a running notebook. Last, postBuild runs
+again, user namespaces refused, with ``binder/template-url`` naming a published template,
+and imports it.
 
 Downloads (pip's and npm's caches) are kept between runs in ``/var/cache``, as a package mirror
 would make them fast; nothing Sandfork builds is.
@@ -198,11 +199,18 @@ def test_binder_build_and_demo_notebook(binder_user: BinderUser, tmp_path: Path)
     user.run(pip, "install", "-q", "-r", "binder/requirements.txt", timeout=900)
     clock.lap("pip install -r binder/requirements.txt")
 
-    user.run("binder/postBuild", timeout=900)
-    clock.lap("binder/postBuild")
+    # A Docker build step: user namespaces refused, no template URL: the template is built
+    # with fakechroot and fakeroot.
+    wrapper = user.home / "no_user_namespaces.py"
+    wrapper.write_text(_NO_USER_NAMESPACES)
+    user.run("python3", str(wrapper), "binder/postBuild", timeout=900)
+    clock.lap("binder/postBuild, user namespaces refused")
     listing = user.stdout("sandfork", "template", "ls", "--json")
     built = {row["name"]: row["built"] for row in json.loads(listing)}
     assert built.get("code-interpreter"), f"postBuild did not build the template: {listing}"
+    (rootfs,) = (user.home / ".cache" / "sandfork" / "rootfs").glob("code-interpreter-*")
+    manifest = json.loads((rootfs / "manifest.json").read_text())
+    assert manifest["built_with"] == "mmdebstrap --mode=fakechroot", manifest["built_with"]
 
     port, token = free_port(), secrets.token_hex(16)
     lab_command = [
@@ -242,24 +250,23 @@ def test_binder_build_and_demo_notebook(binder_user: BinderUser, tmp_path: Path)
     clock.report()
     print(f"  clone to a running notebook (its first cell done): {first_cell - clock.t0:.1f} s")
 
-    _check_postbuild_without_user_namespaces(user)
+    _check_postbuild_imports_a_published_template(user, wrapper)
 
 
-def _check_postbuild_without_user_namespaces(user: BinderUser) -> None:
-    """A Docker build step (mybinder.org's) has no user namespaces: Docker's default seccomp
-    profile refuses unshare(2). postBuild then imports the template ``binder/template-url``
-    names; here, one the user exported, served on loopback, into an empty cache."""
+def _check_postbuild_imports_a_published_template(user: BinderUser, wrapper: Path) -> None:
+    """With ``binder/template-url`` naming a published template, postBuild imports it instead
+    of building one; here, the template the user built, exported and served on loopback,
+    into an empty cache, user namespaces refused again."""
     started = time.time()
     export = user.home / "published"
     user.run("mkdir", "-p", str(export))
     user.run("sandfork", "template", "export", "code-interpreter", str(export / "t.tar.zst"))
     with serve(export) as url:
         (user.repo / "binder" / "template-url").write_text(f"# published\n{url}/t.tar.zst\n")
-        wrapper = user.home / "no_user_namespaces.py"
-        wrapper.write_text(_NO_USER_NAMESPACES)
         user.extra_env["SANDFORK_CACHE_DIR"] = str(user.home / "docker-build-cache")
         user.run("python3", str(wrapper), "binder/postBuild", timeout=600)
     assert "importing the template from" in user.tail(), user.tail()
+    assert "the import failed" not in user.tail(), user.tail()
     listing = json.loads(user.stdout("sandfork", "template", "ls", "--json"))
     assert [row["built"] for row in listing if row["name"] == "code-interpreter"] == [True]
     print(f"  postBuild with user namespaces refused (import): {time.time() - started:.1f} s")
