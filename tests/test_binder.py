@@ -205,6 +205,8 @@ def test_binder_build_and_demo_notebook(binder_user: BinderUser, tmp_path: Path)
     wrapper.write_text(_NO_USER_NAMESPACES)
     user.run("python3", str(wrapper), "binder/postBuild", timeout=900)
     clock.lap("binder/postBuild, user namespaces refused")
+    # A refused `unshare --map-users=auto` leaves its id-mapping helper waiting: not ours.
+    assert not user.processes(b"unshare"), "the namespace probe left unshare running"
     listing = user.stdout("sandfork", "template", "ls", "--json")
     built = {row["name"]: row["built"] for row in json.loads(listing)}
     assert built.get("code-interpreter"), f"postBuild did not build the template: {listing}"

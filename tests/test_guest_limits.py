@@ -145,3 +145,17 @@ def test_a_finished_exec_may_leave_a_daemon_and_its_cgroup_goes_with_it(sandbox:
     execs = {name for name in after if name.startswith("exec-")}
     assert len(execs) == 1, after  # the `ls` exec's own
     assert not (execs & before), (before, after)
+
+
+def test_closing_a_context_kills_what_its_kernel_started(sandbox: Sandbox) -> None:
+    ctx = sandbox.create_code_context(isolated=True)
+    started = ctx.run_code(
+        "import subprocess\n"
+        "daemon = subprocess.Popen(['sleep', '31340'], start_new_session=True)\n"
+        "daemon.pid"
+    )
+    assert started.error is None, started.error
+    assert [line for line in _processes(sandbox) if "sleep 31340" in line]
+    ctx.close()
+    left = [line for line in _processes(sandbox) if "sleep 31340" in line]
+    assert not left, f"the kernel's daemon outlived it: {left}"

@@ -75,7 +75,7 @@ class Limits:
             agent_memory_mb=max(mem_total_mb // 8, 96),
         )
 
-    def agent_settings(self, controllers: set[str]) -> dict[str, str | int]:
+    def agent_settings(self, controllers: frozenset[str]) -> dict[str, str | int]:
         """The agent group's interface files."""
         settings: dict[str, str | int] = {}
         if "cpu" in controllers:
@@ -84,7 +84,7 @@ class Limits:
             settings["memory.min"] = self.agent_memory_mb * 2**20
         return settings
 
-    def user_settings(self, controllers: set[str], mem_total_mb: int) -> dict[str, str | int]:
+    def user_settings(self, controllers: frozenset[str], mem_total_mb: int) -> dict[str, str | int]:
         """The user group's interface files."""
         settings: dict[str, str | int] = {}
         if "cpu" in controllers:
@@ -95,18 +95,23 @@ class Limits:
             settings["memory.max"] = max(mem_total_mb - self.agent_memory_mb, 64) * 2**20
         return settings
 
-    def unit_settings(self, controllers: set[str]) -> dict[str, str | int]:
+    def unit_settings(self, controllers: frozenset[str]) -> dict[str, str | int]:
         """One exec's or kernel's group's interface files."""
         return {"pids.max": self.unit_pids_max} if "pids" in controllers else {}
 
 
 class Workloads:
-    """The groups user work runs in; ``unit`` is None everywhere when there are none."""
+    """The groups user work runs in; without cgroups every group is None."""
 
-    def __init__(self, user: Cgroup | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        user: Cgroup | None = None,
+        limits: Limits | None = None,
+        controllers: frozenset[str] = frozenset(),
+    ) -> None:
         self._user = user
         self._limits = limits
-        self._controllers: set[str] = set()
+        self._controllers = controllers
         self._shell = [STATIC_SHELL, "sh"] if os.access(STATIC_SHELL, os.X_OK) else ["/bin/sh"]
         self._serial = itertools.count(1)
         # Groups of finished execs that left processes (``server &``), with their refused
@@ -120,7 +125,7 @@ class Workloads:
         ``agent``; the defaults come from the guest's size."""
         mem_total_mb = _mem_total_mb()
         limits = limits or Limits.for_guest(mem_total_mb, _task_max())
-        controllers = set(CONTROLLERS) & root.available()
+        controllers = frozenset(CONTROLLERS) & root.available()
         agent, user = root.child("agent"), root.child("user")
         agent.create()
         agent.adopt(os.getpid())
@@ -131,15 +136,8 @@ class Workloads:
         agent.write(limits.agent_settings(controllers))
         user.write(limits.user_settings(controllers, mem_total_mb))
         user.enable(sorted(controllers))
-        workloads = cls(user, limits)
-        workloads._controllers = controllers
         log.info("user work in %s: %s", user.path, limits)
-        return workloads
-
-    @property
-    def user(self) -> Cgroup | None:
-        """The group of all user work (None without cgroups)."""
-        return self._user
+        return cls(user, limits, controllers)
 
     def spawn_argv(self, unit: Cgroup | None, argv: list[str]) -> list[str]:
         """``argv`` started inside ``unit`` (as is without one)."""
