@@ -8,7 +8,6 @@ import codecs
 import time
 from collections.abc import Callable
 
-from .cgroup import Cgroup
 from .protocol import Frame
 from .system import reset_oom_score
 from .workloads import active, kill, stopped
@@ -93,70 +92,47 @@ async def run_command(
     (or cancellation) kills everything it started. Processes it leaves behind when it exits
     by itself (``server &``) live on. Output is decoded as UTF-8 with replacement characters.
     """
-    workloads = active()
-    unit = workloads.new_exec()
-    try:
-        return await _run(
-            workloads.spawn_argv(unit, ["/bin/sh", "-c", cmd]),
-            unit,
-            env,
-            cwd,
-            timeout,
-            max_output,
-            on_output,
-        )
-    finally:
-        workloads.release(unit)
-
-
-async def _run(
-    argv: list[str],
-    unit: Cgroup | None,
-    env: dict[str, str],
-    cwd: str,
-    timeout: float | None,
-    max_output: int,
-    on_output: OutputCallback | None,
-) -> Frame:
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     stdout = _Capture("stdout", max_output, on_output)
     stderr = _Capture("stderr", max_output, on_output)
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _ExecProtocol({1: stdout, 2: stderr}),
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
-    pid = transport.get_pid()
-    reset_oom_score(pid)
-    timed_out = False
-    try:
+    workloads = active()
+    with workloads.exec_group() as unit:
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExecProtocol({1: stdout, 2: stderr}),
+            *workloads.spawn_argv(unit, ["/bin/sh", "-c", cmd]),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+        pid = transport.get_pid()
+        reset_oom_score(pid)
+        timed_out = False
         try:
-            await asyncio.wait_for(asyncio.shield(protocol.exited), timeout)
-        except TimeoutError:
-            timed_out = True
+            try:
+                await asyncio.wait_for(asyncio.shield(protocol.exited), timeout)
+            except TimeoutError:
+                timed_out = True
+                kill(pid, unit)
+                await stopped(protocol.exited, unit)
+        except asyncio.CancelledError:
             kill(pid, unit)
-            await stopped(protocol.exited, unit)
-    except asyncio.CancelledError:
-        kill(pid, unit)
-        # Closing a transport whose process is not reaped yet would reap it behind the
-        # child watcher's back.
-        await stopped(protocol.exited, unit, 1.0)
-        transport.close()
-        raise
-    pipes = list(protocol.pipes_closed.values())
-    _, still_open = await asyncio.wait(pipes, timeout=_DRAIN_GRACE_S)
-    if still_open:
-        # Keep draining (and discarding) until the holders close the pipes, so that they
-        # do not get SIGPIPE; close the transport only then.
-        asyncio.gather(*still_open).add_done_callback(lambda _: transport.close())
-    else:
-        transport.close()
+            # Closing a transport whose process is not reaped yet would reap it behind the
+            # child watcher's back.
+            await stopped(protocol.exited, unit, 1.0)
+            transport.close()
+            raise
+        pipes = list(protocol.pipes_closed.values())
+        _, still_open = await asyncio.wait(pipes, timeout=_DRAIN_GRACE_S)
+        if still_open:
+            # Keep draining (and discarding) until the holders close the pipes, so that they
+            # do not get SIGPIPE; close the transport only then.
+            asyncio.gather(*still_open).add_done_callback(lambda _: transport.close())
+        else:
+            transport.close()
     returncode = transport.get_returncode()
     assert returncode is not None
     if timed_out:

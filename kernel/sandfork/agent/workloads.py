@@ -22,7 +22,7 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,15 @@ class Workloads:
         """A fresh group for one exec; the emptied groups of earlier ones are removed."""
         self._sweep()
         return self._unit(f"exec-{next(self._serial)}")
+
+    @contextlib.contextmanager
+    def exec_group(self) -> Iterator[Cgroup | None]:
+        """``new_exec``'s group for the block, released after it (see ``release``)."""
+        unit = self.new_exec()
+        try:
+            yield unit
+        finally:
+            self.release(unit)
 
     def new_kernel(self, name: str) -> Cgroup | None:
         """A fresh group for the kernel ``name``."""
