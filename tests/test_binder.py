@@ -46,7 +46,7 @@ from binder_steps import (
     serve,
     wait_for_lab,
 )
-from unprivileged import UnprivilegedUser, new_user
+from unprivileged import UnprivilegedUser, new_user, without_user_namespaces
 
 # Each step has its own bound; together (pip with the lab extension's build, a cold template
 # build, the notebook under TCG) they take 4-12 minutes on a shared 2-core machine, past the
@@ -94,26 +94,6 @@ client = NotebookClient(
 )
 client.execute()
 nbformat.write(nb, f"{work}/executed.ipynb")
-"""
-
-# Runs a command the way a Docker build step runs it as far as namespaces go: unshare(2)
-# refused (EPERM), clone3(2) absent (ENOSYS), as Docker's default seccomp profile has it
-# without CAP_SYS_ADMIN. libseccomp through ctypes; no_new_privs comes with the filter.
-_NO_USER_NAMESPACES = """\
-import ctypes, errno, os, sys
-
-lib = ctypes.CDLL("libseccomp.so.2")
-lib.seccomp_init.restype = ctypes.c_void_p
-lib.seccomp_init.argtypes = [ctypes.c_uint32]
-lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
-lib.seccomp_load.argtypes = [ctypes.c_void_p]
-context = lib.seccomp_init(0x7FFF0000)  # allow the rest
-for name, error in ((b"unshare", errno.EPERM), (b"clone3", errno.ENOSYS)):
-    number = lib.seccomp_syscall_resolve_name(name)
-    assert lib.seccomp_rule_add(context, 0x00050000 | error, number, 0) == 0
-assert lib.seccomp_load(context) == 0
-os.execvp(sys.argv[1], sys.argv[1:])
 """
 
 
@@ -204,9 +184,7 @@ def test_binder_build_and_demo_notebook(binder_user: BinderUser, tmp_path: Path)
 
     # A Docker build step: user namespaces refused, no template URL: the template is built
     # with fakechroot and fakeroot.
-    wrapper = user.home / "no_user_namespaces.py"
-    wrapper.write_text(_NO_USER_NAMESPACES)
-    user.run("python3", str(wrapper), "binder/postBuild", timeout=900)
+    user.run(*without_user_namespaces(user, ["binder/postBuild"]), timeout=900)
     clock.lap("binder/postBuild, user namespaces refused")
     # A refused `unshare --map-users=auto` leaves its id-mapping helper waiting: not ours.
     assert not user.processes(b"unshare"), "the namespace probe left unshare running"
@@ -255,10 +233,10 @@ def test_binder_build_and_demo_notebook(binder_user: BinderUser, tmp_path: Path)
     clock.report()
     print(f"  clone to a running notebook (its first cell done): {first_cell - clock.t0:.1f} s")
 
-    _check_postbuild_imports_a_published_template(user, wrapper)
+    _check_postbuild_imports_a_published_template(user)
 
 
-def _check_postbuild_imports_a_published_template(user: BinderUser, wrapper: Path) -> None:
+def _check_postbuild_imports_a_published_template(user: BinderUser) -> None:
     """With ``binder/template-url`` naming a published template, postBuild imports it instead
     of building one; here, the template the user built, exported and served on loopback,
     into an empty cache, user namespaces refused again."""
@@ -269,7 +247,7 @@ def _check_postbuild_imports_a_published_template(user: BinderUser, wrapper: Pat
     with serve(export) as url:
         (user.repo / "binder" / "template-url").write_text(f"# published\n{url}/t.tar.zst\n")
         user.extra_env["SANDFORK_CACHE_DIR"] = str(user.home / "docker-build-cache")
-        user.run("python3", str(wrapper), "binder/postBuild", timeout=600)
+        user.run(*without_user_namespaces(user, ["binder/postBuild"]), timeout=600)
     assert "importing the template from" in user.tail(), user.tail()
     assert "the import failed" not in user.tail(), user.tail()
     listing = json.loads(user.stdout("sandfork", "template", "ls", "--json"))

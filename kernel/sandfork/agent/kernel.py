@@ -202,11 +202,9 @@ class KernelProcess:
     async def kill(self) -> None:
         """Kill the kernel with everything it started and release its sockets and files."""
         self._stopping = True
-        if self._proc is not None:
-            if not self._exited.done():
-                kill(self._proc.pid, self._unit)
-            await asyncio.shield(self._exited)
         await self._release()
+        if self._proc is not None:
+            await asyncio.shield(self._exited)
         self._close()
 
     async def _release(self) -> None:

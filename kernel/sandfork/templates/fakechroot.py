@@ -69,7 +69,7 @@ def library_dirs(tree: Path) -> list[str]:
                 found.append(str(tree / line.lstrip("/")))
 
     read(tree / "etc" / "ld.so.conf")
-    defaults = [str(tree / d) for d in ("lib", "usr/lib")]
+    defaults = [str(tree / d) for d in ("lib", "usr/lib") if (tree / d).is_dir()]
     return list(dict.fromkeys([*found, *defaults]))
 
 
