@@ -1,5 +1,7 @@
-"""A template built cold: as root (``mmdebstrap --mode=root``) and as an ordinary user
-(``mmdebstrap --mode=unshare`` and a user namespace), medians of ``--runs`` each.
+"""A template built cold: as root (``mmdebstrap --mode=root``), as an ordinary user
+(``mmdebstrap --mode=unshare`` and a user namespace), and as that user with user namespaces
+refused, as in a Docker build step (``mmdebstrap --mode=fakechroot``, fakechroot and
+fakeroot), medians of ``--runs`` each, the three interleaved so that they share the load.
 
 Each build starts from an empty Sandfork cache and an empty pip cache (packages come through
 the machine's proxy every time). The user is made for the run (``tests/unprivileged.py``),
@@ -23,46 +25,39 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from unprivileged import UnprivilegedUser, install_wheel, new_user
+from unprivileged import UnprivilegedUser, install_wheel, new_user, without_user_namespaces
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = "code-interpreter"
 OUT = REPO / "docs" / "benchmarks" / "template_build.json"
 
 
-def as_root(runs: int) -> list[float]:
-    """Cold builds by root, each in an empty cache of its own."""
-    times = []
-    for _ in range(runs):
-        cache = Path(tempfile.mkdtemp(prefix="bench-template-"))
-        env = {**os.environ, "SANDFORK_CACHE_DIR": str(cache), "PIP_CACHE_DIR": str(cache / "pip")}
-        started = time.monotonic()
-        subprocess.run(
-            [str(REPO / ".venv" / "bin" / "sandfork"), "template", "build", TEMPLATE],
-            check=True,
-            env=env,
-            capture_output=True,
-        )
-        times.append(time.monotonic() - started)
-        shutil.rmtree(cache, ignore_errors=True)
-        print(f"root: {times[-1]:.1f} s", flush=True)
-    return times
+def as_root() -> float:
+    """A cold build by root, in an empty cache of its own."""
+    cache = Path(tempfile.mkdtemp(prefix="bench-template-"))
+    env = {**os.environ, "SANDFORK_CACHE_DIR": str(cache), "PIP_CACHE_DIR": str(cache / "pip")}
+    started = time.monotonic()
+    subprocess.run(
+        [str(REPO / ".venv" / "bin" / "sandfork"), "template", "build", TEMPLATE],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    shutil.rmtree(cache, ignore_errors=True)
+    return time.monotonic() - started
 
 
-def as_user(user: UnprivilegedUser, runs: int) -> list[float]:
-    """Cold builds by an ordinary user, its ``~/.cache`` emptied before each."""
+def as_user(user: UnprivilegedUser, namespaces: bool) -> float:
+    """A cold build by an ordinary user, its ``~/.cache`` emptied first; without
+    ``namespaces``, user namespaces are refused to it."""
     env = user.login_env(PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8")
-    venv = user.home / "venv"
-    install_wheel(user, REPO, venv, env)
-    times = []
-    for _ in range(runs):
-        shutil.rmtree(user.home / ".cache", ignore_errors=True)
-        started = time.monotonic()
-        argv = [str(venv / "bin" / "sandfork"), "template", "build", TEMPLATE]
-        user.output(argv, env, cwd=user.home, timeout=1800)
-        times.append(time.monotonic() - started)
-        print(f"user: {times[-1]:.1f} s", flush=True)
-    return times
+    shutil.rmtree(user.home / ".cache", ignore_errors=True)
+    argv = [str(user.home / "venv" / "bin" / "sandfork"), "template", "build", TEMPLATE]
+    if not namespaces:
+        argv = without_user_namespaces(user, argv)
+    started = time.monotonic()
+    user.output(argv, env, cwd=user.home, timeout=1800)
+    return time.monotonic() - started
 
 
 def main() -> None:
@@ -73,22 +68,28 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark makes (and removes) an ordinary user")
-    root = as_root(args.runs)
+    times: dict[str, list[float]] = {"root": [], "rootless": [], "fakechroot": []}
     with new_user("sandfork-bench") as user:
-        rootless = as_user(user, args.runs)
-    result = {
-        "runs": args.runs,
-        "root (s)": root,
-        "rootless (s)": rootless,
-        "root median (s)": statistics.median(root),
-        "rootless median (s)": statistics.median(rootless),
-    }
+        env = user.login_env(PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8")
+        install_wheel(user, REPO, user.home / "venv", env)
+        for _ in range(args.runs):
+            for name, build in (
+                ("root", as_root),
+                ("rootless", lambda: as_user(user, namespaces=True)),
+                ("fakechroot", lambda: as_user(user, namespaces=False)),
+            ):
+                times[name].append(build())
+                print(f"{name}: {times[name][-1]:.1f} s", flush=True)
+    result: dict[str, object] = {"runs": args.runs}
+    for name, runs in times.items():
+        result[f"{name} (s)"] = runs
+        result[f"{name} median (s)"] = statistics.median(runs)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1))
-    ratio = result["rootless median (s)"] / result["root median (s)"]
+    medians = {name: statistics.median(runs) for name, runs in times.items()}
     print(
-        f"cold template build, median of {args.runs}: root {result['root median (s)']:.1f} s, "
-        f"rootless {result['rootless median (s)']:.1f} s (rootless/root {ratio:.2f}x)"
+        f"cold template build, median of {args.runs}: root {medians['root']:.1f} s, "
+        f"rootless {medians['rootless']:.1f} s, fakechroot {medians['fakechroot']:.1f} s"
     )
 
 

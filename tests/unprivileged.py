@@ -30,6 +30,27 @@ class _AsUser(TypedDict):
     extra_groups: list[int]
 
 
+# Runs a command the way a Docker build step runs it as far as namespaces go: unshare(2)
+# refused (EPERM), clone3(2) absent (ENOSYS), as Docker's default seccomp profile has it
+# without CAP_SYS_ADMIN. libseccomp through ctypes; no_new_privs comes with the filter.
+NO_USER_NAMESPACES = """\
+import ctypes, errno, os, sys
+
+lib = ctypes.CDLL("libseccomp.so.2")
+lib.seccomp_init.restype = ctypes.c_void_p
+lib.seccomp_init.argtypes = [ctypes.c_uint32]
+lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+lib.seccomp_load.argtypes = [ctypes.c_void_p]
+context = lib.seccomp_init(0x7FFF0000)  # allow the rest
+for name, error in ((b"unshare", errno.EPERM), (b"clone3", errno.ENOSYS)):
+    number = lib.seccomp_syscall_resolve_name(name)
+    assert lib.seccomp_rule_add(context, 0x00050000 | error, number, 0) == 0
+assert lib.seccomp_load(context) == 0
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
 @dataclass
 class UnprivilegedUser:
     """A user of this machine without privileges, and commands run as it (not as root)."""
@@ -178,3 +199,11 @@ def install_wheel(user: UnprivilegedUser, repo: Path, venv: Path, env: Mapping[s
     user.output(["/usr/bin/python3", "-m", "venv", str(venv)], env, cwd=user.home, timeout=300)
     pip = [str(venv / "bin" / "pip"), "install", "-q", str(given)]
     user.output(pip, env, cwd=user.home, timeout=600)
+
+
+def without_user_namespaces(user: UnprivilegedUser, argv: Sequence[str]) -> list[str]:
+    """``argv`` behind ``NO_USER_NAMESPACES`` (written into the user's home), to run as the
+    user: what a Docker build step allows it."""
+    wrapper = user.home / "no_user_namespaces.py"
+    wrapper.write_text(NO_USER_NAMESPACES)
+    return ["python3", str(wrapper), *argv]

@@ -9,6 +9,7 @@ import logging
 from .egress import DEFAULT_ADDRESS
 from .server import link, serve
 from .transport import DEFAULT_PORT, EGRESS_PORT
+from .workloads import configure
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -35,6 +36,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="PATH",
         help="listen on a Unix socket instead, one host connection at a time (host tests)",
     )
+    parser.add_argument(
+        "--cgroup-root",
+        metavar="PATH",
+        help="a cgroup2 mount to run user work under, in groups of its own (the guest's init"
+        " passes /sys/fs/cgroup); without it, user work runs in the agent's group",
+    )
     channel = parser.add_mutually_exclusive_group()
     channel.add_argument(
         "--egress-port",
@@ -59,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s sandfork-agent %(levelname)s %(message)s"
     )
+    configure(args.cgroup_root)  # before any thread starts: the move takes the whole process
     if args.stdio:
         asyncio.run(serve(link("", None, (0, 1)), link("", None, (3, 4)), args.egress_address))
         return

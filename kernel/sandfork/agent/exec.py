@@ -1,16 +1,16 @@
-"""The ``exec`` operation: run a shell command in its own process group and capture output."""
+"""The ``exec`` operation: run a shell command in its own process group (and, in the guest,
+its own cgroup) and capture output."""
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-import os
-import signal
 import time
 from collections.abc import Callable
 
 from .protocol import Frame
 from .system import reset_oom_score
+from .workloads import active, kill, stopped
 
 TIMEOUT_EXIT_CODE = 124
 DEFAULT_MAX_OUTPUT = 1 << 20
@@ -77,13 +77,6 @@ class _ExecProtocol(asyncio.SubprocessProtocol):
         self.exited.set_result(None)
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 async def run_command(
     cmd: str,
     *,
@@ -95,50 +88,51 @@ async def run_command(
 ) -> Frame:
     """Run ``/bin/sh -c cmd`` and return the ``exec`` result.
 
-    stdin is /dev/null; the command leads a new session, so a timeout (or cancellation)
-    kills everything it started. Output is decoded as UTF-8 with replacement characters.
+    stdin is /dev/null; the command leads a new session in a cgroup of its own, so a timeout
+    (or cancellation) kills everything it started. Processes it leaves behind when it exits
+    by itself (``server &``) live on. Output is decoded as UTF-8 with replacement characters.
     """
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     stdout = _Capture("stdout", max_output, on_output)
     stderr = _Capture("stderr", max_output, on_output)
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _ExecProtocol({1: stdout, 2: stderr}),
-        "/bin/sh",
-        "-c",
-        cmd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
-    pid = transport.get_pid()
-    reset_oom_score(pid)
-    timed_out = False
-    try:
+    workloads = active()
+    with workloads.exec_group() as unit:
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExecProtocol({1: stdout, 2: stderr}),
+            *workloads.spawn_argv(unit, ["/bin/sh", "-c", cmd]),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+        pid = transport.get_pid()
+        reset_oom_score(pid)
+        timed_out = False
         try:
-            await asyncio.wait_for(asyncio.shield(protocol.exited), timeout)
-        except TimeoutError:
-            timed_out = True
-            _kill_group(pid)
-            await protocol.exited
-    except asyncio.CancelledError:
-        _kill_group(pid)
-        # Closing a transport whose process is not reaped yet would reap it behind the
-        # child watcher's back.
-        await asyncio.wait([protocol.exited], timeout=1.0)
-        transport.close()
-        raise
-    pipes = list(protocol.pipes_closed.values())
-    _, still_open = await asyncio.wait(pipes, timeout=_DRAIN_GRACE_S)
-    if still_open:
-        # Keep draining (and discarding) until the holders close the pipes, so that they
-        # do not get SIGPIPE; close the transport only then.
-        asyncio.gather(*still_open).add_done_callback(lambda _: transport.close())
-    else:
-        transport.close()
+            try:
+                await asyncio.wait_for(asyncio.shield(protocol.exited), timeout)
+            except TimeoutError:
+                timed_out = True
+                kill(pid, unit)
+                await stopped(protocol.exited, unit)
+        except asyncio.CancelledError:
+            kill(pid, unit)
+            # Closing a transport whose process is not reaped yet would reap it behind the
+            # child watcher's back.
+            await stopped(protocol.exited, unit, 1.0)
+            transport.close()
+            raise
+        pipes = list(protocol.pipes_closed.values())
+        _, still_open = await asyncio.wait(pipes, timeout=_DRAIN_GRACE_S)
+        if still_open:
+            # Keep draining (and discarding) until the holders close the pipes, so that they
+            # do not get SIGPIPE; close the transport only then.
+            asyncio.gather(*still_open).add_done_callback(lambda _: transport.close())
+        else:
+            transport.close()
     returncode = transport.get_returncode()
     assert returncode is not None
     if timed_out:

@@ -24,8 +24,10 @@ import zmq.asyncio
 from jupyter_client.connect import write_connection_file
 from jupyter_client.session import Session
 
+from .cgroup import Cgroup
 from .protocol import AgentError, Frame, b64decode, b64encode
 from .system import child_env, reset_oom_score, work_dir
+from .workloads import active, kill, stopped
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class KernelProcess:
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._proc: asyncio.subprocess.Process | None = None
+        self._unit: Cgroup | None = None
         self._exited: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._stopping = False
         self._probe_ids: set[str] = set()
@@ -113,15 +116,14 @@ class KernelProcess:
                 "PYDEVD_DISABLE_FILE_VALIDATION": "1",
             }
         )
+        workloads = active()
+        self._unit = workloads.new_kernel(self.name)
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", self._connection_file]
+        # History in memory: a SQLite file open across a container restore turns read-only
+        # (its inode changed), and a VM's snapshot needs none either.
+        argv.append("--HistoryManager.hist_file=:memory:")
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "ipykernel_launcher",
-            "-f",
-            self._connection_file,
-            # History in memory: a SQLite file open across a container restore turns
-            # read-only (its inode changed), and a VM's snapshot needs none either.
-            "--HistoryManager.hist_file=:memory:",
+            *workloads.spawn_argv(self._unit, argv),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             cwd=work_dir(),
@@ -201,14 +203,20 @@ class KernelProcess:
                 os.killpg(self._proc.pid, signal.SIGINT)
 
     async def kill(self) -> None:
-        """Kill the kernel's whole process group and release its sockets and files."""
+        """Kill the kernel with everything it started and release its sockets and files."""
         self._stopping = True
+        await self._release()
         if self._proc is not None:
-            if not self._exited.done():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._proc.pid, signal.SIGKILL)
             await asyncio.shield(self._exited)
         self._close()
+
+    async def _release(self) -> None:
+        """Kill what the kernel left (its process group, its cgroup); remove the cgroup."""
+        unit, self._unit = self._unit, None
+        if self._proc is not None:
+            kill(self._proc.pid, unit)
+            await stopped(self._exited, unit)
+        active().release(unit)
 
     def _close(self) -> None:
         for task in self._tasks:
@@ -229,8 +237,7 @@ class KernelProcess:
             return
         log.warning("kernel %s %s", self.name, reason)
         # Whatever the kernel started goes with it.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        await self._release()
         self._close()
         self._on_exit(self, reason)
 

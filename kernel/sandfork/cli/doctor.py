@@ -92,8 +92,12 @@ def doctor(args: argparse.Namespace) -> int:
         if why is None:
             console.print(f"{_OK} template builds: as {_user()} in a user namespace (rootless)")
         else:
-            console.print(f"{_BAD} user namespaces: cannot make one: {escape(why)}")
-            ok = False
+            console.print(
+                f"{_OK} template builds: as {_user()} with fakechroot and fakeroot (no user"
+                f" namespace: {escape(why)})",
+                highlight=False,
+                soft_wrap=True,
+            )
     console.print(_kvm_line(args.accelerator), highlight=False, soft_wrap=True)
     for line in _backend_lines(args.accelerator):
         console.print(line, highlight=False, soft_wrap=True)

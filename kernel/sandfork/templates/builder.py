@@ -30,10 +30,10 @@ from .debian import apt_mirror
 from .errors import TemplateError
 from .kernel import KERNEL_CMDLINE
 from .progress import BuildProgress
-from .rootfs import REQUIRED_APT, bootstrap
+from .rootfs import REQUIRED_APT
 from .spec import TemplateSpec, load_spec
-from .stage import RootfsJob, run_finish
-from .userns import check_build_host, rootless
+from .stage import Bootstrap, RootfsJob, bootstrap_tree, run_finish
+from .userns import build_mode, check_build_host
 from .wheels import PLATFORMS, download_wheels, guest_pip_conf, host_index_urls
 
 __all__ = [
@@ -263,7 +263,7 @@ def _build_rootfs(
 ) -> Path:
     key = key16(inputs)
     final = root / "rootfs" / f"{spec.name}-{key}"
-    mode = "unshare" if rootless() else "root"
+    mode = build_mode()
     manifest: dict[str, Any] = {"kind": "rootfs", "key": key, "name": spec.name, "inputs": inputs}
     manifest["built_with"] = f"mmdebstrap --mode={mode}"  # not an input: the same image
     wheels = _WheelDownload(root, spec, progress)
@@ -272,30 +272,20 @@ def _build_rootfs(
     try:
         with Staging(final) as st:
             tree = st.path / "tree"
-            packages = list(dict.fromkeys([*REQUIRED_APT, *sorted(set(spec.apt))]))
-            with progress.step(f"Debian {spec.base_image.suite} (mmdebstrap)") as s:
-                bootstrap(
-                    tree,
-                    suite=spec.base_image.suite,
-                    mirror=inputs["mirror"],
-                    packages=packages,
-                    cache=root / "debs",
-                    on_line=s.update,
-                )
-                python = f"python{spec.base_image.python_version}"
-                if not (tree / "usr" / "bin" / python).exists():
-                    raise TemplateError(f"the {spec.base} tree has no /usr/bin/{python}")
-                s.done(f"{len(packages)} packages and their dependencies")
-            bootstrap_seconds = round(s.elapsed, 2)
+            source = Bootstrap(inputs["mirror"], root / "debs", mode)
+            timings: dict[str, float] = {}
+            if mode != "fakechroot":  # else the build steps' child makes it, in its session
+                timings["bootstrap"] = bootstrap_tree(spec, tree, source, progress)
             job = RootfsJob(
                 tree=tree,
                 spec=spec,
                 wheels=wheels.result() if spec.pip else None,
                 pip_conf=guest_pip_conf(host_index_urls()),
                 qcow2=st.path / "rootfs.qcow2",
+                bootstrap=source if mode == "fakechroot" else None,
             )
-            finished = run_finish(job, progress)
-            timings = {"bootstrap": bootstrap_seconds, **finished.pop("timings")}
+            finished = run_finish(job, progress, mode)
+            timings |= finished.pop("timings")
             if spec.pip:
                 timings["wheels_download"] = wheels.elapsed
             st.commit({**manifest, **finished, "timings": timings})

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import fakechroot
 from .errors import TemplateError
 from .proc import Result, run
 
@@ -176,7 +177,11 @@ DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 @contextmanager
 def chroot_mounts(tree: Path) -> Iterator[None]:
     """Mount ``/proc`` in ``tree`` for the duration, and bind the host's ``DEV_NODES`` over
-    any the tree lacks; always unmounted (and placeholders removed) afterwards."""
+    any the tree lacks; always unmounted (and placeholders removed) afterwards. Nothing
+    under fakechroot, which cannot mount: the host's ``/proc`` and ``/dev`` show through."""
+    if fakechroot.active():
+        yield
+        return
     proc_dir = tree / "proc"
     proc_dir.mkdir(exist_ok=True)
     bound: list[Path] = []
@@ -211,6 +216,7 @@ def run_in_chroot(
     on_line: Callable[[str], None] | None = None,
 ) -> Result:
     """Run ``args`` inside ``tree`` (which must have its mounts set up by the caller)."""
-    return run(
-        ["chroot", str(tree), *args], what=what, env=chroot_env(), input=input, on_line=on_line
-    )
+    env = chroot_env()
+    if fakechroot.active():
+        env |= fakechroot.chroot_env(tree)
+    return run(["chroot", str(tree), *args], what=what, env=env, input=input, on_line=on_line)

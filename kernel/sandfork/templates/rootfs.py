@@ -16,11 +16,11 @@ from pathlib import Path
 from .chroot import run_in_chroot, safe_rmtree
 from .errors import TemplateError
 from .proc import run
-from .userns import rootless
 
 __all__ = [
     "HOST_CA_BUNDLE",
     "REQUIRED_APT",
+    "apt_packages",
     "bootstrap",
     "create_venv",
     "finalize_tree",
@@ -47,6 +47,11 @@ FS_LABEL = "sandfork-root"
 _PEM_RE = re.compile(r"-----BEGIN CERTIFICATE-----\s*(.*?)\s*-----END CERTIFICATE-----", re.DOTALL)
 
 
+def apt_packages(apt: Sequence[str]) -> list[str]:
+    """What the bootstrap installs: ``REQUIRED_APT``, then a spec's ``apt`` (sorted)."""
+    return list(dict.fromkeys([*REQUIRED_APT, *sorted(set(apt))]))
+
+
 def _in_tree(tree: Path, guest_path: str) -> Path:
     return tree / guest_path.lstrip("/")
 
@@ -58,16 +63,18 @@ def bootstrap(
     mirror: str,
     packages: Sequence[str],
     cache: Path,
+    mode: str,
     on_line: OnLine = None,
 ) -> None:
     """``mmdebstrap --variant=minbase`` of ``suite`` into ``tree`` with ``packages``.
 
-    As root the tree is root's (``--mode=root``); as anyone else it is made in a user
-    namespace (``--mode=unshare``) and owned by the caller's subordinate ids, so the later
-    steps must run in one too (see ``stage``). Downloaded packages are kept in ``cache``
-    (copied in before, out after), so a rebuild downloads only what changed.
+    ``mode`` is ``userns.build_mode()``: as root the tree is root's (``root``); as anyone
+    else it is made in a user namespace (``unshare``) and owned by the caller's subordinate
+    ids, so the later steps must run in one too (see ``stage``), or (``fakechroot``) owned by
+    the caller, with the owners fakeroot recorded, in the fakechroot session of the later
+    steps. Downloaded packages are kept in ``cache`` (copied in before, out after), so a
+    rebuild downloads only what changed.
     """
-    mode = "unshare" if rootless() else "root"
     cache = cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
     archives = "/var/cache/apt/archives"

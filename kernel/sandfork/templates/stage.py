@@ -1,10 +1,12 @@
 """The steps after the bootstrap: CA bundle, venv, wheels, files, setup, ext4 image.
 
-They run as root: in this process when Sandfork runs as root, else in a child process that
-is root of a user namespace (``python -m sandfork.templates.stage``, see ``userns``), where
-the tree made by ``mmdebstrap --mode=unshare`` is root's own. One code path either way: the
-child reports its steps on stdout as lines starting with ``MARK`` (a JSON event: ``start``,
-``update``, ``done``, ``result``, ``error``), which the parent shows as its own steps.
+They run as root: in this process when Sandfork runs as root, else in a child process
+(``python -m sandfork.templates.stage``) that is root of a user namespace (see ``userns``),
+where the tree made by ``mmdebstrap --mode=unshare`` is root's own, or, where no namespace
+can be made, runs under fakechroot and fakeroot and makes the tree itself first (see
+``fakechroot``). One code path every way: the child reports its steps on stdout as lines
+starting with ``MARK`` (a JSON event: ``start``, ``update``, ``done``, ``result``,
+``error``), which the parent shows as its own steps.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import fakechroot
 from .chroot import chroot_mounts, run_in_chroot, safe_rmtree
 from .errors import TemplateError
 from .proc import format_failure, run
 from .progress import BuildProgress, Step
 from .rootfs import (
+    apt_packages,
+    bootstrap,
     create_venv,
     finalize_tree,
     install_ca_bundle,
@@ -34,18 +39,51 @@ from .rootfs import (
     write_pip_conf,
 )
 from .spec import TemplateSpec
-from .userns import in_namespace, namespace_ids, rootless
+from .userns import in_namespace, namespace_ids
 
-__all__ = ["MARK", "RootfsJob", "finish_rootfs", "run_finish"]
+__all__ = ["MARK", "Bootstrap", "RootfsJob", "bootstrap_tree", "finish_rootfs", "run_finish"]
 
 MARK = "sandfork-step:"
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Where the tree's packages come from (the apt ``mirror``, the ``debs`` cache) and the
+    build mode (``userns.build_mode()``)."""
+
+    mirror: str
+    debs: Path
+    mode: str
+
+
+def bootstrap_tree(
+    spec: TemplateSpec, tree: Path, source: Bootstrap, progress: BuildProgress
+) -> float:
+    """Make ``tree`` with mmdebstrap: the spec's suite and packages; the step's seconds."""
+    packages = apt_packages(spec.apt)
+    with progress.step(f"Debian {spec.base_image.suite} (mmdebstrap)") as s:
+        bootstrap(
+            tree,
+            suite=spec.base_image.suite,
+            mirror=source.mirror,
+            packages=packages,
+            cache=source.debs,
+            mode=source.mode,
+            on_line=s.update,
+        )
+        python = f"python{spec.base_image.python_version}"
+        if not (tree / "usr" / "bin" / python).exists():
+            raise TemplateError(f"the {spec.base} tree has no /usr/bin/{python}")
+        s.done(f"{len(packages)} packages and their dependencies")
+    return round(s.elapsed, 2)
 
 
 @dataclass(frozen=True)
 class RootfsJob:
     """What the steps after the bootstrap need: the tree, the spec, the downloaded wheels,
     the guest's pip configuration, the image to write and who must own it (``owner``: the
-    caller's ids inside the namespace, None when not in one)."""
+    caller's ids inside the namespace, None when not in one); ``bootstrap`` when the tree is
+    to be made first, in the same process (fakechroot)."""
 
     tree: Path
     spec: TemplateSpec
@@ -53,6 +91,7 @@ class RootfsJob:
     pip_conf: str
     qcow2: Path
     owner: tuple[int, int] | None = None
+    bootstrap: Bootstrap | None = None
 
     def to_json(self) -> str:
         """The job as JSON, for the child process."""
@@ -64,6 +103,11 @@ class RootfsJob:
                 "pip_conf": self.pip_conf,
                 "qcow2": str(self.qcow2),
                 "owner": list(self.owner) if self.owner else None,
+                "bootstrap": (
+                    {**asdict(self.bootstrap), "debs": str(self.bootstrap.debs)}
+                    if self.bootstrap
+                    else None
+                ),
             }
         )
 
@@ -81,15 +125,23 @@ class RootfsJob:
             pip_conf=data["pip_conf"],
             qcow2=Path(data["qcow2"]),
             owner=(data["owner"][0], data["owner"][1]) if data["owner"] else None,
+            bootstrap=(
+                Bootstrap(**{**data["bootstrap"], "debs": Path(data["bootstrap"]["debs"])})
+                if data["bootstrap"]
+                else None
+            ),
         )
 
 
 def finish_rootfs(job: RootfsJob, progress: BuildProgress) -> dict[str, Any]:
-    """Run the steps after the bootstrap on ``job.tree`` (as root), write ``job.qcow2``
-    and remove the tree; the manifest's ``timings``, ``pip_freeze`` and ``sizes``."""
+    """Run the steps after the bootstrap on ``job.tree`` (as root; the bootstrap first if
+    the job has one), write ``job.qcow2`` and remove the tree; the manifest's ``timings``,
+    ``pip_freeze`` and ``sizes``."""
     tree, spec = job.tree, job.spec
     timings: dict[str, float] = {}
     out: dict[str, Any] = {"timings": timings}
+    if job.bootstrap is not None:
+        timings["bootstrap"] = bootstrap_tree(spec, tree, job.bootstrap, progress)
     with chroot_mounts(tree):
         with progress.step("CA certificates, pip config, /opt/venv") as s:
             added = install_ca_bundle(tree)
@@ -113,6 +165,8 @@ def finish_rootfs(job: RootfsJob, progress: BuildProgress) -> dict[str, Any]:
                 s.done(f"{len(spec.files)} files, {len(spec.setup)} commands")
             timings["setup"] = round(s.elapsed, 2)
         finalize_tree(tree)
+    if fakechroot.active():
+        fakechroot.fix_symlinks(tree)
     with progress.step(f"Disk image ext4 {spec.disk_size_mb} MiB -> qcow2") as s:
         sizes = make_image(tree, job.qcow2, spec.disk_size_mb, s.update)
         if job.owner is not None:  # the caller's, not its namespace root's (a subordinate id)
@@ -127,13 +181,18 @@ def finish_rootfs(job: RootfsJob, progress: BuildProgress) -> dict[str, Any]:
     return out
 
 
-def run_finish(job: RootfsJob, progress: BuildProgress) -> dict[str, Any]:
-    """``finish_rootfs`` as root: here, or in a user namespace for an ordinary user."""
-    if not rootless():
+def run_finish(job: RootfsJob, progress: BuildProgress, mode: str) -> dict[str, Any]:
+    """``finish_rootfs`` as root (``mode`` is ``userns.build_mode()``): here, or for an
+    ordinary user in a user namespace, or under fakechroot and fakeroot."""
+    if mode == "root":
         return finish_rootfs(job, progress)
-    job = RootfsJob(job.tree, job.spec, job.wheels, job.pip_conf, job.qcow2, namespace_ids())
+    child = [sys.executable, "-m", "sandfork.templates.stage"]
+    if mode == "unshare":
+        job = replace(job, owner=namespace_ids())
+        args = in_namespace(child)
+    else:
+        args = fakechroot.wrap(child)
     relay = _Relayed(progress)
-    args = in_namespace([sys.executable, "-m", "sandfork.templates.stage"])
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # no root-owned .pyc in the venv
     try:
         result = run(

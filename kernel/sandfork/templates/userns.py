@@ -1,7 +1,9 @@
 """Building as an ordinary user: subordinate ids, user namespaces and the host's tools.
 
 Root builds directly (``mmdebstrap --mode=root``, ``chroot``). Anyone else builds in a user
-namespace: ``mmdebstrap --mode=unshare`` makes the tree, owned by the user's subordinate ids
+namespace where the kernel allows one, else (a Docker build step: its seccomp profile refuses
+``unshare``) with fakechroot and fakeroot (see ``fakechroot``). In a user namespace,
+``mmdebstrap --mode=unshare`` makes the tree, owned by the user's subordinate ids
 (``/etc/subuid``, ``/etc/subgid``), and the later steps run as root inside
 ``unshare --map-users=auto --map-groups=auto --map-user=N --map-group=N --setuid 0 --setgid 0``
 where they see that tree as root's own and the caller, mapped to ``N`` (just past the
@@ -14,12 +16,16 @@ command that fixes it (``sandfork doctor`` prints them, a build refuses to start
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import pwd
 import shutil
+import signal
 import subprocess
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import TemplateError
@@ -28,6 +34,7 @@ from .proc import run, tool_path
 __all__ = [
     "BUILD_TOOLS",
     "Problem",
+    "build_mode",
     "build_problems",
     "host_problems",
     "in_namespace",
@@ -51,6 +58,9 @@ BUILD_TOOLS = {
 }
 #: Program -> Debian package, only for building as an ordinary user.
 ROOTLESS_TOOLS = {"unshare": "util-linux", "newuidmap": "uidmap", "newgidmap": "uidmap"}
+#: Program -> Debian package, for building as an ordinary user where the kernel refuses
+#: user namespaces.
+FAKECHROOT_TOOLS = {"fakechroot": "fakechroot", "fakeroot": "fakeroot"}
 #: Program -> Debian package, for running sandboxes.
 RUN_TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils"}
 
@@ -71,6 +81,15 @@ class Problem:
 def rootless() -> bool:
     """True when templates must be built in a user namespace (not running as root)."""
     return os.geteuid() != 0
+
+
+def build_mode() -> str:
+    """How a root filesystem is built here: ``root`` (as root), ``unshare`` (an ordinary
+    user, in a user namespace), or ``fakechroot`` (an ordinary user whose host has what a
+    namespace needs but whose kernel refuses one, as in a Docker build step)."""
+    if not rootless():
+        return "root"
+    return "unshare" if probe_namespace() is None else "fakechroot"
 
 
 def _user() -> str:
@@ -161,7 +180,14 @@ def build_problems() -> list[Problem]:
     """What this host lacks to build templates as the current user (empty: nothing)."""
     found = _missing(BUILD_TOOLS)
     if rootless():
-        found += _missing(ROOTLESS_TOOLS) + _namespace_problems()
+        namespace = _missing(ROOTLESS_TOOLS) + _namespace_problems()
+        found += namespace
+        why = None if namespace else probe_namespace()
+        if why is not None:  # refused by the kernel: the build goes without a namespace
+            found += [
+                replace(p, problem=f"not installed, and no user namespace can be made: {why}")
+                for p in _missing(FAKECHROOT_TOOLS)
+            ]
     return found
 
 
@@ -220,14 +246,35 @@ def remove_tree(path: Path) -> None:
         raise TemplateError(f"could not remove {path}")
 
 
+@functools.cache
 def probe_namespace() -> str | None:
-    """None if a user namespace can be made here, else why not (one line)."""
-    try:
-        result = subprocess.run(
-            in_namespace(["true"]), capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired, TemplateError) as e:
-        return str(e).splitlines()[0]
-    if result.returncode != 0:
-        return (result.stderr.strip().splitlines() or ["unshare failed"])[-1]
+    """None if a user namespace can be made here, else why not (one line; tried once).
+
+    When the kernel refuses ``unshare(2)``, ``unshare``'s id-mapping helper (a child it
+    forked first) waits for ever: the probe runs in a session of its own, ended after."""
+    with tempfile.TemporaryFile() as err:
+        try:
+            probe = subprocess.Popen(
+                in_namespace(["true"]),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
+        except (OSError, TemplateError) as e:
+            return str(e).splitlines()[0]
+        try:
+            code = probe.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(probe.pid, signal.SIGKILL)
+            probe.wait()
+        err.seek(0)
+        lines = err.read().decode(errors="replace").strip().splitlines()
+    if code is None:
+        return "unshare did not finish within 30 s"
+    if code != 0:
+        return (lines or ["unshare failed"])[-1]
     return None
