@@ -241,7 +241,7 @@ def test_a_fork_bomb_and_a_huge_allocation_are_stopped(
                 "python3 -c 'import os\nwhile True:\n    try: os.fork()\n    except OSError: pass'",
                 timeout_seconds=10,
             )
-        except SandboxTimeout as e:
+        except Exception as e:  # a timeout is one way it ends; anything else fails below
             results["bomb"] = e
 
     thread = threading.Thread(target=bomb)
@@ -254,7 +254,7 @@ def test_a_fork_bomb_and_a_huge_allocation_are_stopped(
         thread.join(120)
     stopped = results.get("bomb")
     # Stopped at its timeout, or killed before by the group's memory limit (each fork costs).
-    assert isinstance(stopped, SandboxTimeout) or getattr(stopped, "exit_code", 0) != 0, stopped
+    assert isinstance(stopped, SandboxTimeout) or getattr(stopped, "exit_code", 0) > 0, stopped
     huge = sandbox.exec(
         "python3 -c 'a = bytearray(30 * 2**30); print(len(a))'", timeout_seconds=120
     )

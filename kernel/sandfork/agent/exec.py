@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import signal
 import time
 from collections.abc import Callable
 
@@ -117,7 +118,12 @@ async def run_command(
             except TimeoutError:
                 timed_out = True
                 kill(pid, unit)
-                await stopped(protocol.exited, unit)
+                await stopped(protocol.exited, unit, pgid=pid)
+            if transport.get_returncode() == -signal.SIGKILL:
+                # Its shell was killed (the OOM killer, say): what it started goes with it,
+                # or a fork bomb whose first process was killed would fork on for ever.
+                kill(pid, unit)
+                await stopped(protocol.exited, unit, pgid=pid)
         except asyncio.CancelledError:
             kill(pid, unit)
             # Closing a transport whose process is not reaped yet would reap it behind the

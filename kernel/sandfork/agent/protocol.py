@@ -27,6 +27,7 @@ ERROR_TYPES = frozenset(
         "Timeout",
         "TooLarge",
         "KernelDied",
+        "Busy",
         "Internal",
     }
 )
@@ -40,6 +41,7 @@ _OS_ERROR_TYPES = {
     errno.EPERM: "PermissionDenied",
     errno.EROFS: "PermissionDenied",
     errno.ETIMEDOUT: "Timeout",
+    errno.EAGAIN: "Busy",
 }
 
 
@@ -56,6 +58,10 @@ class AgentError(Exception):
 def error_from_os(exc: OSError) -> AgentError:
     """Translate an OSError into the protocol error type that matches its errno."""
     kind = _OS_ERROR_TYPES.get(exc.errno or 0, "Internal")
+    if kind == "Busy":  # fork or clone refused: the sandbox is at one of its limits
+        return AgentError(
+            kind, f"the sandbox is at its limit of processes or memory ({exc.strerror}): try again"
+        )
     if exc.strerror and exc.filename is not None:
         message = f"{exc.strerror}: {exc.filename}"
     else:

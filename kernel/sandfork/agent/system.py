@@ -42,9 +42,16 @@ def protect_from_oom() -> None:
     _write_oom_score_adj("self", -1000)
 
 
+#: The OOM score adjustment of user work (commands, kernels): above the agent's, so that a
+#: sandbox out of memory loses the user's process even where the agent could not protect
+#: itself with -1000 (a container on a host that gives root no CAP_SYS_RESOURCE; raising a
+#: score needs no privilege).
+USER_OOM_SCORE_ADJ = 300
+
+
 def reset_oom_score(pid: int) -> None:
-    """Give a freshly spawned child back the default OOM score the agent's -1000 overrode."""
-    _write_oom_score_adj(str(pid), 0)
+    """Give a freshly spawned child the OOM score of user work, not the agent's."""
+    _write_oom_score_adj(str(pid), USER_OOM_SCORE_ADJ)
 
 
 def _write_oom_score_adj(pid: str, value: int) -> None:

@@ -194,6 +194,9 @@ class Workloads:
         return unit
 
 
+_GROUP_POLL_S = 0.02  # how often a killed group without a cgroup is looked at
+
+
 def kill(pgid: int, unit: Cgroup | None) -> None:
     """SIGKILL the process group ``pgid`` and everything in ``unit``, daemons that left the
     process group included."""
@@ -204,16 +207,33 @@ def kill(pgid: int, unit: Cgroup | None) -> None:
 
 
 async def stopped(
-    leader: asyncio.Future[Any], unit: Cgroup | None, timeout: float = KILL_GRACE_S
+    leader: asyncio.Future[Any],
+    unit: Cgroup | None,
+    timeout: float = KILL_GRACE_S,
+    pgid: int | None = None,
 ) -> None:
     """Wait up to ``timeout`` for a killed process (``leader``, done once it is reaped) and
-    every process of its ``unit`` to be gone; one stuck in the kernel is left behind (its
-    group is removed once it empties)."""
+    every process of its ``unit`` to be gone — without a unit (no cgroup2 here: a container
+    sandbox), every process of its group ``pgid``, reaped; one stuck in the kernel is left
+    behind (its group is removed once it empties)."""
     waits: list[Awaitable[Any]] = [asyncio.shield(leader)]
     if unit is not None:
         waits.append(unit.emptied())
+    elif pgid is not None:
+        waits.append(_group_gone(pgid))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*waits), timeout)
+
+
+async def _group_gone(pgid: int) -> None:
+    """Until no process of group ``pgid`` is left (zombies included: they still hold their
+    pids, so a fork bomb's would keep a new command from starting), killing stragglers."""
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(_GROUP_POLL_S)
 
 
 def _removed(unit: Cgroup) -> bool:

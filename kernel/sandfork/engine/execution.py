@@ -48,6 +48,7 @@ _AGENT_ERROR_STATUS = {
     "Exists": 409,
     "Timeout": 504,
     "TooLarge": 413,
+    "Busy": 503,
 }
 UNRESPONSIVE = "unresponsive: "  # how a sandbox's ``error`` starts while its agent is silent
 _RESULT_FIELDS = ("stdout", "stderr", "exit_code", "duration_ms", "truncated")
