@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up the machine and runs the whole test suite: lint, types, then pytest (real VMs under
-# TCG or KVM). pytest's exit code 5 (no tests collected) counts as a failure.
+# Sets up the machine and runs the whole test suite: lint, types, then pytest twice: every test
+# with VM sandboxes (TCG or KVM), then the backend-independent ones with container sandboxes.
+# pytest's exit code 5 (no tests collected) counts as a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,13 +18,26 @@ if ! command -v chromium >/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
 fi
-echo "==> pytest"
+echo "==> pytest (every test; sandboxes are VMs)"
 set +e
-.venv/bin/pytest -ra "$@"
+SANDFORK_TEST_BACKEND=vm .venv/bin/pytest -ra "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then
   echo "pytest collected no tests: failing" >&2
   exit 1
 fi
-exit "$code"
+# The backend-independent tests again with container sandboxes (CRIU): the seed's two turns,
+# snapshots and forks, crash points, hostile input, egress, leases, Jupyter, one browser flow.
+why=$(.venv/bin/python -c 'from sandfork.backends.container.backend import unavailable; print(unavailable() or "")')
+if [ -n "$why" ]; then
+  echo "==> container pass skipped: $why" >&2
+  exit "$code"
+fi
+echo "==> pytest (the portable tests; sandboxes are containers)"
+set +e
+SANDFORK_TEST_BACKEND=container .venv/bin/pytest -ra -m "portable and not vm_only" "$@"
+second=$?
+set -e
+if [ "$code" -ne 0 ]; then exit "$code"; fi
+exit "$second"

@@ -77,13 +77,14 @@ def check_engine(engine: EngineProcess, digests: dict[str, str]) -> None:
     sandbox snapshots, every hibernated one wakes (and runs on); and no QEMU process, layer,
     RAM file or temporary file is left that nothing owns."""
     client = engine.client()
+    client.request("GET", "/engine/stats")  # answered once background deletions are done
     sandboxes = client.request("GET", "/sandboxes")["items"]
     running = {s["id"] for s in sandboxes if s["status"] == "running"}
     hibernated = [s["id"] for s in sandboxes if s["status"] == "hibernated"]
     assert {s["status"] for s in sandboxes} <= {"running", "hibernated", "dead"}, sandboxes
 
     pids = engine.sandbox_pids()
-    assert len(pids) == len(running), f"QEMU processes {pids} for sandboxes {running}"
+    assert len(pids) == len(running), f"sandbox processes {pids} for sandboxes {running}"
     ram_files = {p.name for p in engine.ram_dir.glob("*.ram")}  # booted VMs' zeroed RAM
     assert ram_files <= {f"{i}.ram" for i in running}, ram_files
     leftovers = [p for p in (engine.ram_dir / "staging").glob("*")]

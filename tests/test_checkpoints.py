@@ -7,7 +7,7 @@ import pytest
 from conftest import EngineProcess
 from sandfork.sdk import Client, NotFoundError, ReplayMismatch, Sandbox, SandboxTimeout
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.portable]
 
 COUNTING = "echo run >> /root/count && wc -l < /root/count"
 

@@ -23,6 +23,8 @@ from egress_probes import SECRET, SecretServer, probe, proxied
 from netns import veth_namespace
 from sandfork.sdk import Sandbox
 
+pytestmark = pytest.mark.portable  # runs on every backend (the suite's container pass too)
+
 vm = pytest.mark.vm
 
 
@@ -225,6 +227,7 @@ while True:
 
 
 @vm
+@pytest.mark.vm_only  # reads what the guest writes to the VM's serial console
 def test_port_zero_and_no_host_text_reach_the_guest(
     current: Sandbox, engine: EngineProcess
 ) -> None:

@@ -27,7 +27,7 @@ from engine_invariants import check_engine
 from sandfork.sdk import Sandbox
 from test_channels import _execute, _replies, _url
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.portable]
 
 
 def _sleeping_vm(engine: EngineProcess, sandbox: Sandbox) -> None:

@@ -24,6 +24,8 @@ from sandfork.engine.db import SandboxRecord
 from sandfork.engine.errors import ApiError, Unresponsive
 from sandfork.engine.execution import UNRESPONSIVE, agent_failures
 
+pytestmark = pytest.mark.portable  # runs on every backend (the suite's container pass too)
+
 AGENT_TIMEOUT = 30.0  # the engine's default agent_timeout
 
 

@@ -31,6 +31,8 @@ from jupyter_server_fixtures import (  # noqa: F401 (fixtures, found by name)
 from sandfork.jupyter.handlers import HANDLERS
 from sandfork.sdk import Sandbox
 
+pytestmark = pytest.mark.portable  # runs on every backend (the suite's container pass too)
+
 SNAP = "snap_0123456789abcdef"
 # Every endpoint: method, path, body, and the rights on the server's other resources it needs
 # beyond its own on `sandfork` (GET: read, others: write).
@@ -188,7 +190,10 @@ async def test_snapshot_restore_fork_rename_delete(
     (jp_root_dir / "work").mkdir()
     kernel = await start_session(jp_fetch, "work/analysis.ipynb", "sandfork")
     info = await attached(jp_fetch, kernel)
-    assert info["sandbox"]["accelerator"] in ("tcg", "kvm") and info["sandbox"]["memory_mb"] > 0
+    assert (
+        info["sandbox"]["accelerator"] in ("tcg", "kvm", "native")
+        and info["sandbox"]["memory_mb"] > 0
+    )
     sandbox = info["sandbox"]["id"]
     await run(jp_serverapp, kernel, "x = 41")
     document = notebook("x = 41", "print(x)")

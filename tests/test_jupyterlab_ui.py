@@ -31,7 +31,7 @@ from jupyterlab_fixtures import tab as _tab
 from jupyterlab_fixtures import toolbar_button as _toolbar_button
 from jupyterlab_fixtures import wait_for_notebook as _wait_for_notebook
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.portable]
 
 SERVER_MAX_BRANCHES = 4  # c.SandforkExtension.max_branches: caps the user's setting below
 USER_SETTINGS = {

@@ -25,6 +25,8 @@ from sandfork.proxy_kernel.state import load_state, state_file
 from sandfork.sdk import Client, NotFoundError, Sandbox
 from sandfork.sdk.errors import BadRequestError
 
+pytestmark = pytest.mark.portable  # runs on every backend (the suite's container pass too)
+
 LEASE = 5.0  # the shortest lease the engine grants: renewed every 1.7 s
 # A kernel's lease while a test checks that it is kept: renewed every 6 s, so that a kernel
 # process the loaded machine leaves unscheduled for seconds still renews in time.

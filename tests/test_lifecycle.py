@@ -33,7 +33,7 @@ def sandbox(engine: EngineProcess) -> Iterator[Sandbox]:
 def test_created_sandbox_is_running(sandbox: Sandbox, engine: EngineProcess) -> None:
     assert sandbox.id.startswith("sbx_")
     assert sandbox.status == "running"
-    assert sandbox.accelerator in ("tcg", "kvm")
+    assert sandbox.accelerator in ("tcg", "kvm", "native")
     assert sandbox.memory_mb == 1024 and sandbox.cpu == 2
     assert len(engine.sandbox_pids()) >= 1
     assert any(s.id == sandbox.id for s in Sandbox.list(client=engine.client()))

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import EngineProcess
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.portable]
 
 
 @pytest.fixture

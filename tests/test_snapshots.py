@@ -16,7 +16,7 @@ from conftest import EngineProcess
 from sandfork.sdk import Client, NotFoundError, Sandbox, Snapshot
 from turns import TURN2_FINDS
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.portable]
 
 TURNS = Path(__file__).with_name("turns.py")
 

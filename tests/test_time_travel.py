@@ -19,7 +19,7 @@ from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.proxy_kernel.state import load_state, state_file
 from sandfork.sdk import Client, NotFoundError, Sandbox, Snapshot
 
-pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env")]
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env"), pytest.mark.portable]
 
 NAMES = ("a", "b", "c", "d", "e")
 PRESENT = f"print(sorted(k for k in {NAMES!r} if k in globals()))"
@@ -139,6 +139,7 @@ def test_old_checkpoints_go_and_named_ones_stay(client: Client) -> None:
             snapshot.delete()
 
 
+@pytest.mark.vm_only  # only a VM's pause grows with its memory
 def test_a_long_checkpoint_pause_moves_the_kernel_onto_its_checkpoint(
     engine: EngineProcess,
 ) -> None:

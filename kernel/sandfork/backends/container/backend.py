@@ -29,7 +29,7 @@ from sandfork.backends.container.shim import RECORD, RestoreConfig, ShimConfig
 from sandfork.backends.container.tree import tree_of
 from sandfork.backends.processes import kill_process, sandbox_processes, start_time
 from sandfork.templates import BuiltTemplate
-from sandfork.templates.initramfs import agent_dir
+from sandfork.templates.initramfs import agent_dir, agent_files, files_hash
 
 #: Bump when what a sandbox's capture depends on changes (the launcher's mounts, the fds).
 CONTAINER_REVISION = 1
@@ -52,13 +52,24 @@ except OSError:
 '
 """
 _GUEST_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_PROXY = "http://127.0.0.1:3128"  # the agent's egress relay, as in a VM
+_PROXY = "http://127.0.0.1:3128"
+#: A container sandbox's PID 1: tini, reaping, with the guest agent on the shim's pipes.
+INIT_COMMAND = (
+    "/usr/bin/tini",
+    "-s",
+    "--",
+    "/opt/venv/bin/python",
+    "-m",
+    "sandfork_agent",
+    "--stdio",
+)  # the agent's egress relay, as in a VM
 
 
 def guest_env() -> dict[str, str]:
     """The agent's environment, as the VM's guest init gives it."""
     proxies = {name: _PROXY for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
-    local = {name: "localhost,127.0.0.1" for name in ("NO_PROXY", "no_proxy")}
+    # as in a VM (where 10.0.2.2 is the host for host_access sandboxes): one environment
+    local = {name: "localhost,127.0.0.1,10.0.2.2" for name in ("NO_PROXY", "no_proxy")}
     return {
         **proxies,
         **local,
@@ -160,8 +171,14 @@ class ContainerBackend:
         return self._criu
 
     def machine_key(self) -> str:
-        """CRIU's version and the revision of our sandboxes' layout."""
-        return f"criu {self.criu().version} / container revision {CONTAINER_REVISION}"
+        """CRIU's version, the revision of our sandboxes' layout, and what a launched
+        sandbox is given (its init command and environment, the guest agent's files): a
+        capture holds them all."""
+        agent = agent_dir()
+        launched = json.dumps([INIT_COMMAND, guest_env()], sort_keys=True)
+        inputs = files_hash([(str(p), agent / p) for p in agent_files(agent)]) + launched
+        digest = hashlib.sha256(inputs.encode()).hexdigest()[:12]
+        return f"criu {self.criu().version} / container revision {CONTAINER_REVISION} / {digest}"
 
     def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> MachineSpec:
         """A container of ``template`` (its tree made first, once)."""
@@ -243,15 +260,7 @@ class ContainerBackend:
             work=str(root["work"]),
             lower=list(root["lower"]),  # type: ignore[call-overload]
             agent=str(agent_dir()),
-            command=[
-                "/usr/bin/tini",
-                "-s",
-                "--",
-                "/opt/venv/bin/python",
-                "-m",
-                "sandfork_agent",
-                "--stdio",
-            ],
+            command=list(INIT_COMMAND),
             env=guest_env(),
         )
         return await self._start(
