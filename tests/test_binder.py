@@ -47,6 +47,7 @@ from binder_steps import (
     wait_for_lab,
 )
 from unprivileged import UnprivilegedUser, new_user, without_user_namespaces
+from vm_guard import guarded_path
 
 # Each step has its own bound; together (pip with the lab extension's build, a cold template
 # build, the notebook under TCG) they take 4-12 minutes on a shared 2-core machine, past the
@@ -118,7 +119,7 @@ class BinderUser(UnprivilegedUser):
         env |= self.login_env(
             LOGNAME=self.name,
             SHELL="/bin/bash",
-            PATH=f"{self.venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            PATH=guarded_path(f"{self.venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"),
             PIP_CACHE_DIR=str(DOWNLOADS / "pip"),
             npm_config_cache=str(DOWNLOADS / "npm"),
             NO_COLOR="1",

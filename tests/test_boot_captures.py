@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import EngineProcess
+from sandfork.backends.vm.backend import VmBackend
 from sandfork.engine.boot_captures import MANIFEST, BootCaptures
 from sandfork.paths import cache_dir
 from sandfork.sdk import Client, Sandbox
@@ -41,6 +43,10 @@ def start_engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> It
         proc.close()
 
 
+# What a VM boot capture holds (the backend's layout; its RAM folder is never used here).
+VM_FILES = VmBackend(Path(tempfile.mkdtemp(prefix="sandfork-test-ram-")))
+
+
 def _capture_dirs(root: Path) -> dict[str, bool]:
     """Capture directories under ``root`` and whether each is listed (has a manifest)."""
     return {p.name: (p / MANIFEST).exists() for p in root.iterdir() if not p.name.startswith(".")}
@@ -61,7 +67,7 @@ def _shared_capture(client: Client) -> Path:
         sb.kill()
     capture = Path(json.loads(info.stdout)["full-backing-filename"]).parent
     assert capture.parent == cache_dir() / "boot-captures", capture
-    assert BootCaptures.valid(capture)
+    assert BootCaptures.valid(capture, VM_FILES)
     return capture
 
 
@@ -135,13 +141,13 @@ def test_damaged_captures_are_rebuilt(
         manifest = json.loads((gen2 / MANIFEST).read_text())
         manifest["sha256"]["devices.state"] = BootCaptures.checksum(gen2 / "devices.state")
         (gen2 / MANIFEST).write_text(json.dumps(manifest))
-        assert BootCaptures.valid(gen2)
+        assert BootCaptures.valid(gen2, VM_FILES)
         last = Sandbox.create(client=own)
         assert last.exec("echo fine").stdout == "fine\n"
         last.kill()
         gen3 = captures / f"{stem}.3"
         assert _capture_dirs(captures)[gen2.name] is False
         assert _capture_dirs(captures)[gen3.name] is True
-        assert BootCaptures.valid(gen3)
+        assert BootCaptures.valid(gen3, VM_FILES)
     finally:
         first.kill()

@@ -57,5 +57,5 @@ def test_leaks_fail_the_test_that_made_them(tmp_path: Path) -> None:
     assert "PASSED test_leaky.py::test_cleans_up" in out
     assert "ERROR test_leaky.py::test_cleans_up" not in out
     assert "ERROR test_leaky.py::test_leaves_a_vm - Failed: engine" in out
-    assert "QEMU processes left running (now killed)" in out
+    assert "sandbox processes left running (now killed)" in out
     assert "2 errors" in out, out
