@@ -199,6 +199,18 @@ class EngineProcess:
                 return pid
         raise LookupError(f"no process for sandbox {sandbox_id}")
 
+    def sandbox_gone(self, sandbox_id: str, timeout: float = 120.0) -> bool:
+        """Whether the sandbox's process ends within ``timeout`` (a bound for a hang: a
+        stopped sandbox's record may say so a moment before its process has exited)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.sandbox_pid(sandbox_id)
+            except LookupError:
+                return True
+            time.sleep(0.05)
+        return False
+
     def sandbox_pids(self) -> list[int]:
         """The process of each of this engine's sandboxes, VM or container (their command
         lines name our home)."""
