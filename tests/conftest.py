@@ -248,6 +248,25 @@ def engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator
     proc.close()
 
 
+@pytest.fixture(scope="module")
+def container_engine(
+    tmp_path_factory: pytest.TempPathFactory, template: None
+) -> Iterator[EngineProcess]:
+    """An engine of the module's own whose sandboxes are containers (skips, saying why,
+    where they cannot run)."""
+    from sandfork.backends.container.backend import unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"container sandboxes cannot run here: {reason}")
+    proc = EngineProcess(
+        tmp_path_factory.mktemp("sandfork-containers"), "--EngineConfig.backend=container"
+    )
+    proc.start()
+    yield proc
+    proc.close()
+
+
 @pytest.fixture
 def own_engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator[EngineProcess]:
     """An engine of one test alone, so restarting or killing it disturbs no other test."""

@@ -23,19 +23,8 @@ pytestmark = pytest.mark.container
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory, template: None) -> Iterator[EngineProcess]:
-    """An engine whose sandboxes are containers (skips, saying why, where they cannot run)."""
-    from sandfork.backends.container.backend import unavailable
-
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(f"container sandboxes cannot run here: {reason}")
-    proc = EngineProcess(
-        tmp_path_factory.mktemp("sandfork-containers"), "--EngineConfig.backend=container"
-    )
-    proc.start()
-    yield proc
-    proc.close()
+def engine(container_engine: EngineProcess) -> EngineProcess:
+    return container_engine
 
 
 @pytest.fixture(scope="module")

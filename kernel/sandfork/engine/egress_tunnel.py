@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -42,7 +43,9 @@ log = logging.getLogger(__name__)
 
 Opener = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
-_HELLO_REPEAT_S = 0.5  # until the guest echoes it (a restored guest may have eaten one)
+# Until the guest echoes it, the HELLO is sent again after each of these delays (the last
+# repeating): a restored guest may have eaten the first, and a create waits for the echo.
+_HELLO_REPEAT_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 _RETRY_S = (0.02, 1.0)  # reconnect delay: first, and most after repeated failures
 _READ_SIZE = 1 << 16
 
@@ -154,9 +157,9 @@ class EgressTunnel:
             repeat.cancel()
 
     async def _repeat_hello(self, writer: asyncio.StreamWriter, session: int) -> None:
-        while True:
+        for delay in itertools.chain(_HELLO_REPEAT_S, itertools.repeat(_HELLO_REPEAT_S[-1])):
             writer.write(hello(session, self.max_streams))
-            await asyncio.sleep(_HELLO_REPEAT_S)
+            await asyncio.sleep(delay)
 
     def _on_frame(self, frame: Frame, session: int, writer: asyncio.StreamWriter) -> None:
         kind, stream_id = frame.kind, frame.stream

@@ -244,9 +244,11 @@ class SnapshotService:
         """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
         parent = self.sandboxes.get(sandbox_id)
         self.sandboxes.check_room(count, parent.memory_mb)
-        if not self.backends.of(parent).shares_memory:
+        backend = self.backends.of(parent)
+        if not backend.shares_memory:
             used = self.sandboxes.live(sandbox_id).instance.memory_bytes()
-            self.limits.check_host_memory(count * used, f"{count} copies of sandbox {sandbox_id}")
+            copies = count + 1 if backend.captures_in_memory else count  # the capture's too
+            self.limits.check_host_memory(copies * used, f"{count} copies of sandbox {sandbox_id}")
         snap = await self.snapshot(sandbox_id, hidden=True)
         crash_point("fork.captured")
         try:

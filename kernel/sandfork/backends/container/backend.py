@@ -36,6 +36,7 @@ CONTAINER_REVISION = 1
 DISK = "disk" + layers.SUFFIX  # a boot capture's disk layer
 MAX_PIDS = 4096  # processes and threads of one sandbox
 SOCKET_SUFFIXES = (".agent", ".egress")
+IMAGE_LINKS = ".images"  # beside its sockets: a restored sandbox's links to its image files
 _HOOK = """#!/bin/sh
 # CRIU's action script: at post-dump (all dumped, nothing resumed) let the engine copy the
 # sandbox's files; if the engine is gone the connection fails and the dump goes on.
@@ -143,7 +144,9 @@ class ContainerBackend:
     accelerator = "native"
     images = OverlayLayers()
     memory_suffix: str | None = None
-    captures_in_memory = False  # restores link the image files: they must be on disk
+    # A fork's capture is dumped into RAM (nothing waits on the disk) and its copies link
+    # the image files from the same RAM folder (see _links) until their pages are served.
+    captures_in_memory = True
     shares_memory = False  # CRIU copies every page into each restored sandbox
 
     def __init__(self, ram_dir: Path, state_dir: Path, boot_timeout: float = 60.0) -> None:
@@ -194,6 +197,14 @@ class ContainerBackend:
     def _sockets(self, directory: Path) -> dict[str, Path]:
         return {s[1:]: self.ram_dir / f"{directory.name}{s}" for s in SOCKET_SUFFIXES}
 
+    def _links(self, directory: Path, images: Path | None = None) -> Path:
+        """Where a sandbox restored from ``images`` links their files: hard links need the
+        same file system, so beside its sockets in RAM for a capture there, else in its
+        folder."""
+        if images is not None and images.stat().st_dev != self.ram_dir.stat().st_dev:
+            return directory / IMAGES
+        return self.ram_dir / f"{directory.name}{IMAGE_LINKS}"
+
     def _cgroup(self, directory: Path) -> Cgroup:
         return Cgroup(self.hierarchy, f"{self.cgroups}/{directory.name}")
 
@@ -227,6 +238,7 @@ class ContainerBackend:
             config,
             disk=disk,
             sockets=sockets,
+            links=self._links(directory),
             cgroup=cgroup,
             criu=criu,
             hook=self.hook,
@@ -281,8 +293,10 @@ class ContainerBackend:
         criu = self.criu()
         root = self._root(directory, disk)
         pipes = json.loads((capture.dir / PIPES).read_text())
+        images = capture.dir / IMAGES
         restore = RestoreConfig(
-            images=str(capture.dir / IMAGES),
+            images=str(images),
+            links=str(self._links(directory, images)),
             root=str(root["root"]),
             upper=str(root["upper"]),
             work=str(root["work"]),
@@ -333,6 +347,7 @@ class ContainerBackend:
             directory,
             disk,
             self._sockets(directory),
+            self._links(directory),
             self._cgroup(directory),
             self.criu(),
             self.hook,
@@ -349,6 +364,7 @@ class ContainerBackend:
             self._cgroup(directory).remove()
         for path in self._sockets(directory).values():
             path.unlink(missing_ok=True)
+        shutil.rmtree(self._links(directory), ignore_errors=True)
         shutil.rmtree(directory, ignore_errors=True)
 
     def sweep(self, root: Path, keep: set[str]) -> list[str]:
@@ -372,6 +388,11 @@ class ContainerBackend:
                     Cgroup(self.hierarchy, f"{self.cgroups}/{name}").remove()
                     gone.append(f"control group {self.cgroups}/{name}")
         for path in list(self.ram_dir.iterdir()):
-            if path.suffix in SOCKET_SUFFIXES and path.stem not in keep:
+            if path.stem in keep:
+                continue
+            if path.suffix in SOCKET_SUFFIXES:
                 path.unlink(missing_ok=True)
+            elif path.suffix == IMAGE_LINKS:
+                shutil.rmtree(path, ignore_errors=True)
+                gone.append(f"image links {path}")
         return gone

@@ -51,6 +51,7 @@ class ContainerSandbox:
         directory: Path,
         disk: Path,
         sockets: dict[str, Path],
+        links: Path,
         cgroup: Cgroup,
         criu: Criu,
         hook: Path,
@@ -60,6 +61,7 @@ class ContainerSandbox:
         self.dir = directory
         self.disk = disk  # its writable layer
         self.sockets = sockets
+        self.links = links  # a restored sandbox's links to its image files (until served)
         self.cgroup = cgroup
         self.criu = criu
         self.hook = hook
@@ -78,6 +80,7 @@ class ContainerSandbox:
         *,
         disk: Path,
         sockets: dict[str, Path],
+        links: Path,
         cgroup: Cgroup,
         criu: Criu,
         hook: Path,
@@ -95,7 +98,7 @@ class ContainerSandbox:
                 start_new_session=True,
                 umask=0o077,
             )
-        sandbox = cls(directory, disk, sockets, cgroup, criu, hook, process.pid, process)
+        sandbox = cls(directory, disk, sockets, links, cgroup, criu, hook, process.pid, process)
         try:
             if spawned is not None:
                 spawned(process.pid)
@@ -225,7 +228,7 @@ class ContainerSandbox:
             raise ContainerError(f"criu dump failed: {_log_errors(work / DUMP_LOG)}")
         copied.result()
         self.last_layer = new_disk
-        paused = frozen_seconds(images / _STATS_DUMP)
+        paused = frozen_seconds(work / _STATS_DUMP)  # CRIU writes its statistics in -W
         return Captured(
             paused=paused if paused is not None else elapsed,
             disk=new_disk,
@@ -248,6 +251,7 @@ class ContainerSandbox:
         await asyncio.to_thread(self.cgroup.remove)
         for path in self.sockets.values():
             path.unlink(missing_ok=True)
+        await asyncio.to_thread(shutil.rmtree, self.links, True)
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
 
     def _wait_shim(self) -> None:

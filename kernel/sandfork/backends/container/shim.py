@@ -63,6 +63,7 @@ class RestoreConfig:
     """How to restore: the CRIU image, the root's layers, the dumped pipes' inodes."""
 
     images: str
+    links: str  # where the image files are linked for this sandbox (the same file system)
     root: str
     upper: str
     work: str
@@ -165,7 +166,7 @@ def _restore(config: ShimConfig, pipes: _Pipes, directory: Path) -> tuple[int, _
     server still feeding it."""
     assert config.restore is not None
     restore = RestoreConfig(**config.restore)
-    images = _private_images(Path(restore.images), directory / "images")
+    images = _private_images(Path(restore.images), Path(restore.links))
     env = {**os.environ, "PATH": restore.criu_path}
     inherit = []
     fds = {}
@@ -236,8 +237,8 @@ def _run_restore(
 
 
 def _private_images(source: Path, target: Path) -> Path:
-    """The image files hard-linked (copied across file systems) into the sandbox's own
-    folder, so the snapshot may be deleted while pages are still read from them."""
+    """The image files hard-linked (copied across file systems) into a folder of the
+    sandbox's own, so the snapshot may be deleted while pages are still read from them."""
     target.mkdir()
     for entry in source.iterdir():
         try:
@@ -313,6 +314,8 @@ class Shim:
 
     def _stop(self, *_: object) -> None:
         self.stopping = True
+        if self.lazy is not None:  # no page is wanted now; the kill would wait for them all
+            self.lazy.process.kill()
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.init, signal.SIGKILL)
 
@@ -331,7 +334,9 @@ class Shim:
                 self.lazy = None
                 shutil.rmtree(lazy.images, ignore_errors=True)
                 code = os.waitstatus_to_exitcode(status)
-                if code != 0:  # pages it had not served yet are lost: the sandbox cannot go on
+                if (
+                    code != 0 and not self.stopping
+                ):  # pages it had not served yet are lost: the sandbox cannot go on
                     self._note(f"criu lazy-pages failed with status {code}")
                     self._stop()
 

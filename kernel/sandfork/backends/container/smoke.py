@@ -94,6 +94,7 @@ def smoke(criu: Criu, tree: Path) -> None:
         disk2 = second / f"disk{layers.SUFFIX}"
         restore = RestoreConfig(
             images=str(images),
+            links=str(second / "images"),
             root=str(second / "root"),
             upper=str(disk2 / layers.FS),
             work=str(disk2 / layers.WORK),
