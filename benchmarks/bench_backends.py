@@ -5,7 +5,8 @@ shared cache), one whose sandboxes are containers and one whose are VMs (TCG her
 measures, medians over ``--runs``:
 
 - **compute**: five pieces of work timed inside the sandbox's kernel (so the relay is not
-  counted), the same code in a local ``python`` beside them; the ratio to local;
+  counted), the same code in a local ipykernel (the peer) taking turns with them; the ratio
+  to local;
 - **captures**, at each state size (distinct non-zero pages held by the kernel): snapshot
   (and how long the sandbox was frozen), restore to the first ``run_code`` result, fork to
   the child's first result, ``fork_tree(16)`` to every child's first result and the memory
@@ -21,13 +22,15 @@ so. Writes ``docs/benchmarks/backends.{json,md,png}``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,7 +40,7 @@ from timing import clock
 from conftest import EngineProcess
 from sandfork.backends.container.backend import engine_groups
 from sandfork.backends.container.cgroups import Cgroup, Hierarchy
-from sandfork.sdk import Client, Sandbox, Snapshot
+from sandfork.sdk import Sandbox, Snapshot
 
 MIB = 2**20
 SIZES = {"100 MB": 100 * MIB, "1 GiB": 1024 * MIB, "2 GiB": 2048 * MIB}
@@ -80,26 +83,47 @@ def _run(sandbox: Sandbox, code: str) -> str:
     return result.stdout or result.text or ""
 
 
-def _local(setup: str, body: str, runs: int) -> list[float]:
-    script = f"{setup}\nfor _ in range({runs}):\n" + "\n".join(
-        "    " + line for line in _TIMED.format(body=body).splitlines()
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    return [float(line) for line in out.stdout.split()]
+class LocalKernel:
+    """The peer: an ipykernel on this host, started and driven with jupyter_client."""
+
+    def __init__(self) -> None:
+        from jupyter_client.manager import start_new_kernel
+
+        self.manager, self.client = start_new_kernel(kernel_name="python3")
+
+    def run(self, code: str) -> str:
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                raise RuntimeError(msg["content"]["evalue"])
+
+        self.client.execute_interactive(code, output_hook=hook, timeout=600)
+        return "".join(out)
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
 
 
-def compute(client: Client, runs: int) -> dict[str, list[float]]:
-    """Each piece of work, ``runs`` times, in one sandbox."""
-    sandbox = Sandbox.create(client=client)
-    rows: dict[str, list[float]] = {}
-    try:
-        for name, (setup, body) in WORK.items():
+Runner = Callable[[str], str]
+
+
+def compute(runners: dict[str, Runner], runs: int) -> dict[str, dict[str, float]]:
+    """Median seconds of each piece of work on each runner; the runners take turns at every
+    run, so a drift of the machine's speed falls on all of them alike."""
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in runners}
+    for work, (setup, body) in WORK.items():
+        for run in runners.values():
             if setup:
-                _run(sandbox, setup)
-            rows[name] = [float(_run(sandbox, _TIMED.format(body=body))) for _ in range(runs)]
-    finally:
-        sandbox.kill()
-    return rows
+                run(setup)
+        for _ in range(runs):
+            for name, run in runners.items():
+                seconds = float(run(_TIMED.format(body=body)))
+                times[name].setdefault(work, []).append(seconds)
+    return {name: _medians(rows) for name, rows in times.items()}
 
 
 def _memory(engine: EngineProcess, backend: str, sandboxes: list[Sandbox]) -> float:
@@ -150,9 +174,8 @@ def captures(engine: EngineProcess, backend: str, size: int, runs: int) -> Rows:
             add("snapshot (s)", seconds)
             add("snapshot: sandbox frozen (s)", snap.paused_ms / 1000)
             add("snapshot: stored (MB)", snap.size_bytes / 1e6)
-            seconds, restored = clock(
-                lambda s=snap_id: _first(Sandbox.create(from_snapshot=s, client=client))
-            )  # type: ignore[misc]
+            restore = functools.partial(Sandbox.create, from_snapshot=snap_id, client=client)
+            seconds, restored = clock(lambda: _first(restore()))  # noqa: B023 (called at once)
             add("restore to first result (s)", seconds)
             restored.kill()
             seconds, child = clock(lambda: _first(parent.fork()))
@@ -257,20 +280,25 @@ def main() -> None:
     parser.add_argument("--backends", nargs="*", default=list(BACKENDS), choices=list(BACKENDS))
     args = parser.parse_args()
     results: dict[str, object] = {"runs": args.runs}
-    work: dict[str, dict[str, float]] = {"local": {}}
-    for name, (setup, body) in WORK.items():
-        work["local"][name] = statistics.median(_local(setup, body, args.runs))
     engines = {
         b: EngineProcess(
             Path(tempfile.mkdtemp(prefix=f"sandfork-bench-{b}-")), f"--EngineConfig.backend={b}"
         )
         for b in args.backends
     }
+    local = LocalKernel()
+    boxes: list[Sandbox] = []
     try:
+        runners: dict[str, Runner] = {}
         for backend, engine in engines.items():
             engine.start()
-            work[backend] = _medians(compute(engine.client(), args.runs))
-            print(backend, "compute", work[backend], flush=True)
+            boxes.append(Sandbox.create(client=engine.client()))
+            runners[backend] = functools.partial(_run, boxes[-1])
+        runners["local"] = local.run
+        work = compute(runners, args.runs)
+        for box in boxes:
+            box.kill()
+        print("compute", work, flush=True)
         results["compute"] = work
         for label in args.sizes:
             for backend, engine in engines.items():
@@ -279,6 +307,7 @@ def main() -> None:
                 by_size[label] = _medians(captures(engine, backend, SIZES[label], args.runs))
                 print(backend, label, by_size[label], flush=True)
     finally:
+        local.close()
         for engine in engines.values():
             engine.close()
     OUT.mkdir(parents=True, exist_ok=True)

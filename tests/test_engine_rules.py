@@ -21,6 +21,7 @@ from sandfork.backends.fake import FakeHost
 from sandfork.engine.db import Database
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
 from sandfork.engine.limits import LimitExceeded
+from sandfork.engine.promotion import promote
 from sandfork.engine.snapshots import HIBERNATION
 
 
@@ -260,6 +261,30 @@ async def test_a_fork_that_would_not_fit_is_refused_before_its_capture(
     assert [c.status for c in children] == ["running", "running"]
     assert host.calls["snapshot"] == 1
     assert engine.db.snapshots() == []  # the fork's capture goes once the children run
+
+
+@pytest.mark.asyncio
+async def test_a_promote_kills_the_parent_only_when_asked_and_siblings_of_its_tree(
+    fake_engine: FakeEngine,
+) -> None:
+    sandboxes, fork = fake_engine.services.sandboxes, fake_engine.services.snapshots.fork
+    parent = await fake_engine.create()
+    first = await fork(parent.id, 2, metadata={}, reseed_python=False)
+    second = await fork(parent.id, 1, metadata={}, reseed_python=False)
+    tree = first[0].metadata["fork_tree_id"]
+    assert first[1].metadata["fork_tree_id"] == tree != second[0].metadata["fork_tree_id"]
+
+    done = await promote(sandboxes, first[0].id, kill_siblings=True, tree_id=tree)
+    assert (done.siblings, done.parent, done.failures) == ([first[1].id], [], {})
+    assert sandboxes.get(parent.id).status == "running"  # PandaStack's promote: never the parent
+    assert sandboxes.get(second[0].id).status == "running"  # another fork call's child
+    assert "fork_tree_id" not in sandboxes.get(first[0].id).metadata
+    assert sandboxes.get(first[0].id).metadata["promoted_from"] == parent.id
+
+    done = await promote(sandboxes, second[0].id, kill_siblings=False, kill_parent=True)
+    assert done.parent == [parent.id]
+    with pytest.raises(NotFound):
+        sandboxes.get(parent.id)
 
 
 @pytest.mark.asyncio

@@ -82,3 +82,32 @@ def test_pandastack_sdk_snapshot_restore_fork(ps_client: pandastack.Client) -> N
     finally:
         for sb in made:
             sb.kill()
+
+
+def test_pandastack_explore_promotes_the_winner_and_keeps_the_parent(
+    ps_client: pandastack.Client,
+) -> None:
+    """``explore`` ends with ``promote(cleanup_siblings=True, tree_id=…)``: in PandaStack the
+    winner becomes independent and the losers go; the explored sandbox lives on."""
+    sandbox = pandastack.Sandbox.create(template="code-interpreter")
+    winner = None
+    try:
+        sandbox.create_code_context().run_code("kept = sum(range(10))")
+        result = sandbox.explore(
+            ["echo 1", "echo 3", "echo 2"],
+            score_fn=lambda _sb, outcome: float(outcome.stdout_tail.strip() or 0),
+        )
+        winner = result.winner
+        assert winner is not None and result.winner_outcome.label is not None
+        assert winner.exec("echo 3").stdout.strip() == "3"
+        assert len(result.reaped) == 2 and winner.id not in result.reaped
+        live = {s.id for s in ps_client.sandboxes.list()}
+        assert not live & set(result.reaped)
+        assert sandbox.create_code_context().run_code("kept").text == "45"
+        info = ps_client.sandboxes.get(winner.id)
+        assert info.metadata["promoted_from"] == sandbox.id
+        assert "fork_parent_id" not in info.metadata
+    finally:
+        for box in (winner, sandbox):
+            if box is not None:
+                box.kill()

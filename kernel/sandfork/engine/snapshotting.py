@@ -9,9 +9,9 @@ export is one self-contained file that another engine imports trusting nothing i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,11 +23,11 @@ from sandfork.crashpoints import crash_point
 from sandfork.engine import exchange, inventory
 from sandfork.engine.backends import Backends
 from sandfork.engine.db import SandboxRecord, SnapshotRecord
-from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
+from sandfork.engine.errors import ApiError, Conflict
 from sandfork.engine.execution import ExecutionService
 from sandfork.engine.ledger import Ledger, now
 from sandfork.engine.limits import Limits
-from sandfork.engine.sandboxes import FORK_PARENT, HIBERNATED, SandboxService
+from sandfork.engine.sandboxes import FORK_PARENT, FORK_TREE, HIBERNATED, SandboxService
 from sandfork.engine.snapshots import (
     ATTACHMENTS,
     HIBERNATION,
@@ -38,8 +38,6 @@ from sandfork.engine.snapshots import (
 )
 from sandfork.holdpoints import hold_point
 from sandfork.protocol import INVENTORY_ATTACHMENT
-
-PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
 
 
 class SnapshotService:
@@ -251,12 +249,13 @@ class SnapshotService:
             self.limits.check_host_memory(copies * used, f"{count} copies of sandbox {sandbox_id}")
         snap = await self.snapshot(sandbox_id, hidden=True)
         crash_point("fork.captured")
+        tree = f"tree_{secrets.token_hex(8)}"
         try:
             children = await asyncio.gather(
                 *(
                     self.sandboxes.create_from_snapshot(
                         snap.id,
-                        metadata={**metadata, FORK_PARENT: sandbox_id},
+                        metadata={**metadata, FORK_PARENT: sandbox_id, FORK_TREE: tree},
                         persistent=parent.persistent,
                         host_access=parent.host_access,
                     )
@@ -279,35 +278,6 @@ class SnapshotService:
             if reseed_python:
                 await self.execution.reseed_python(child.id)
         return made
-
-    async def promote(
-        self, sandbox_id: str, *, kill_parent: bool, kill_siblings: bool
-    ) -> tuple[SandboxRecord, list[str]]:
-        """A fork child takes over from its parent: the parent (and, if asked, its other
-        children) are killed; the child loses ``fork_parent_id`` and gets ``promoted_from``.
-        Returns the child and the ids killed."""
-        child = self.sandboxes.get(sandbox_id)
-        parent_id = child.metadata.get(FORK_PARENT)
-        if parent_id is None:
-            raise BadRequest(f"sandbox {sandbox_id} is not a fork child: nothing to promote")
-        self.sandboxes.live(sandbox_id)  # promoting a dead child would leave nothing running
-        doomed = [parent_id] if kill_parent else []
-        if kill_siblings:
-            doomed += [
-                r.id
-                for r in self.sandboxes.all()
-                if r.metadata.get(FORK_PARENT) == parent_id and r.id != sandbox_id
-            ]
-        killed = []
-        for victim in doomed:
-            with contextlib.suppress(NotFound):  # already gone
-                await self.sandboxes.kill(victim)
-                killed.append(victim)
-        crash_point("promote.killed")
-        metadata = {k: v for k, v in child.metadata.items() if k != FORK_PARENT}
-        child.metadata = {**metadata, PROMOTED_FROM: parent_id}
-        self.sandboxes.save(child)
-        return child, killed
 
     async def checkpoint(self, sandbox_id: str, name: str | None) -> dict[str, Any]:
         """Snapshot the sandbox and record a ``checkpoint_created`` event in its ledger."""

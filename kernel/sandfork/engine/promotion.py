@@ -1,0 +1,69 @@
+"""Promote: a fork child becomes an independent sandbox (what ``explore`` ends with).
+
+PandaStack's meaning: the child loses ``fork_parent_id`` and ``fork_tree_id`` and gets
+``promoted_from``; its siblings (the parent's other fork children, or only those of one fork
+call when a ``tree_id`` is given) are killed when asked; the parent is killed only when a
+caller asks for it by name (``kill_parent``), never by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sandfork.crashpoints import crash_point
+from sandfork.engine.db import SandboxRecord
+from sandfork.engine.errors import ApiError, BadRequest, NotFound
+from sandfork.engine.sandboxes import FORK_PARENT, FORK_TREE, SandboxService
+
+PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
+
+
+@dataclass
+class Promoted:
+    """What a promote did."""
+
+    child: SandboxRecord
+    siblings: list[str] = field(default_factory=list)  # killed
+    parent: list[str] = field(default_factory=list)  # killed: the parent, if asked and done
+    failures: dict[str, str] = field(default_factory=dict)  # id -> why it could not be killed
+
+
+async def promote(
+    sandboxes: SandboxService,
+    sandbox_id: str,
+    *,
+    kill_siblings: bool,
+    tree_id: str | None = None,
+    kill_parent: bool = False,
+) -> Promoted:
+    """Make fork child ``sandbox_id`` independent; kill what was asked for."""
+    child = sandboxes.get(sandbox_id)
+    parent_id = child.metadata.get(FORK_PARENT)
+    if parent_id is None:
+        raise BadRequest(f"sandbox {sandbox_id} is not a fork child: nothing to promote")
+    sandboxes.live(sandbox_id)  # promoting a dead child would leave nothing running
+    result = Promoted(child)
+    doomed: list[tuple[str, list[str]]] = []
+    if kill_siblings:
+        doomed += [
+            (r.id, result.siblings)
+            for r in sandboxes.all()
+            if r.metadata.get(FORK_PARENT) == parent_id
+            and r.id != sandbox_id
+            and (tree_id is None or r.metadata.get(FORK_TREE) == tree_id)
+        ]
+    if kill_parent:
+        doomed.append((parent_id, result.parent))
+    for victim, killed in doomed:
+        try:
+            await sandboxes.kill(victim)
+            killed.append(victim)
+        except NotFound:
+            pass  # already gone
+        except ApiError as e:
+            result.failures[victim] = e.message
+    crash_point("promote.killed")
+    kept = {k: v for k, v in child.metadata.items() if k not in (FORK_PARENT, FORK_TREE)}
+    child.metadata = {**kept, PROMOTED_FROM: parent_id}
+    sandboxes.save(child)
+    return result
