@@ -25,7 +25,8 @@ from sandfork.backends.container import layers
 from sandfork.backends.container.cgroups import Cgroup, Hierarchy, Limits
 from sandfork.backends.container.launcher import AGENT_DIR, LaunchConfig
 from sandfork.backends.container.sandbox import IMAGES, PIPES, ContainerError, ContainerSandbox
-from sandfork.backends.container.shim import RECORD, RestoreConfig, ShimConfig
+from sandfork.backends.container.shim import RECORD
+from sandfork.backends.container.stdio import RestoreConfig, ShimConfig
 from sandfork.backends.container.tree import tree_of
 from sandfork.backends.processes import kill_process, sandbox_processes, start_time
 from sandfork.templates import BuiltTemplate

@@ -28,7 +28,8 @@ from sandfork.backends.base import Captured, CaptureRequest
 from sandfork.backends.container import layers
 from sandfork.backends.container.cgroups import Cgroup
 from sandfork.backends.container.criu import Criu
-from sandfork.backends.container.shim import CONSOLE, EXIT, RECORD, ShimConfig
+from sandfork.backends.container.shim import CONSOLE, EXIT, RECORD
+from sandfork.backends.container.stdio import ShimConfig
 from sandfork.backends.processes import start_time
 from sandfork.crashpoints import crash_point
 

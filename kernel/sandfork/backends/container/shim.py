@@ -24,119 +24,41 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import json
 import os
 import selectors
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sandfork.backends.container.cgroups import Cgroup, Hierarchy
-from sandfork.backends.container.launcher import LaunchConfig, mount, overlay_options
+from sandfork.backends.container.launcher import LaunchConfig
+from sandfork.backends.container.restoring import Lazy, restore
+from sandfork.backends.container.stdio import (
+    CHANNELS,
+    CONSOLE_FD,
+    Pipes,
+    ShimConfig,
+    child_setup,
+    write_json,
+)
 from sandfork.backends.processes import start_time
 
 RECORD = "shim.json"
 EXIT = "exit.json"
 CONSOLE = "console.log"
-#: The sandbox's file descriptors, by role; CRIU matches them by the pipes' inodes.
-CHANNELS = {"agent": (0, 1), "egress": (3, 4)}
-CONSOLE_FD = 2
 MAX_CONSOLE_BYTES = 1 << 20  # console.log is cut to its last half past this
 _BUFFER = 1 << 20  # bytes held for a slow reader before the writer is paused
-_CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
+_CLONE_NEWPID = 0x20000000
 _PR_SET_CHILD_SUBREAPER = 36
-_MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
-_LAZY_SOCKET = "lazy-pages.socket"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-@dataclass(frozen=True)
-class RestoreConfig:
-    """How to restore: the CRIU image, the root's layers, the dumped pipes' inodes."""
-
-    images: str
-    links: str  # where the image files are linked for this sandbox (the same file system)
-    root: str
-    upper: str
-    work: str
-    lower: list[str]
-    pipes: dict[str, int]  # fd in the sandbox -> the inode of its pipe when dumped
-    criu: list[str]
-    criu_path: str  # PATH for CRIU (its wrapper programs first)
-    lazy: bool = True
-
-
-@dataclass(frozen=True)
-class ShimConfig:
-    """What one shim does."""
-
-    dir: str
-    cgroup: str
-    sockets: dict[str, str]  # channel -> Unix socket path
-    launch: dict[str, Any] | None = None  # a LaunchConfig
-    restore: dict[str, Any] | None = None  # a RestoreConfig
-    niceness: int = 10
-    env: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        """The config as the shim's argument."""
-        return json.dumps(asdict(self))
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.rename(path)
-
-
-class _Pipes:
-    """The sandbox's side (by fd number) and the shim's side of every pipe."""
-
-    def __init__(self) -> None:
-        self.sandbox: dict[int, int] = {}
-        self.shim: dict[int, int] = {}
-        for reads, writes in CHANNELS.values():
-            r, w = os.pipe()
-            self.sandbox[reads], self.shim[reads] = r, w
-            r, w = os.pipe()
-            self.sandbox[writes], self.shim[writes] = w, r
-        r, w = os.pipe()
-        self.sandbox[CONSOLE_FD], self.shim[CONSOLE_FD] = w, r
-
-    def inodes(self) -> dict[str, int]:
-        """The inode of each pipe, by the sandbox's fd (what a dump of it records)."""
-        return {str(fd): os.fstat(end).st_ino for fd, end in self.sandbox.items()}
-
-    def close_sandbox_side(self) -> None:
-        for end in self.sandbox.values():
-            os.close(end)
-
-
-def _child_setup(config: ShimConfig, pipes: _Pipes, place: dict[int, int]) -> None:
-    """In the forked child: join the sandbox's group, yield to the engine, set the fds."""
-    Cgroup(Hierarchy.detect(), config.cgroup).join()
-    os.nice(config.niceness)
-    with contextlib.suppress(OSError):
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    for end in pipes.shim.values():
-        os.close(end)
-    for fd, end in place.items():  # two passes: a target may be another's source
-        os.dup2(end, 100 + fd, inheritable=False)
-    for fd in place:
-        os.dup2(100 + fd, fd)
-        os.close(100 + fd)
-
-
-def _launch(config: ShimConfig, pipes: _Pipes) -> int:
+def _launch(config: ShimConfig, pipes: Pipes) -> int:
     """Fork PID 1 of a new PID namespace running the launcher; returns its pid."""
     assert config.launch is not None
     if _libc.unshare(_CLONE_NEWPID) != 0:
@@ -145,119 +67,12 @@ def _launch(config: ShimConfig, pipes: _Pipes) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            _child_setup(config, pipes, pipes.sandbox)
+            child_setup(config, pipes, pipes.sandbox)
             argv = [sys.executable, "-m", "sandfork.backends.container.launcher", launch.to_json()]
             os.execve(sys.executable, argv, {**os.environ, **config.env})
         finally:
             os._exit(127)
     return pid
-
-
-@dataclass
-class _Lazy:
-    """A ``criu lazy-pages`` serving a restored sandbox's memory, and its image folder."""
-
-    process: subprocess.Popen[bytes]
-    images: Path
-
-
-def _restore(config: ShimConfig, pipes: _Pipes, directory: Path) -> tuple[int, _Lazy | None]:
-    """Restore the sandbox from its image; returns the restored PID 1's pid and the lazy-pages
-    server still feeding it."""
-    assert config.restore is not None
-    restore = RestoreConfig(**config.restore)
-    images = _private_images(Path(restore.images), Path(restore.links))
-    env = {**os.environ, "PATH": restore.criu_path}
-    inherit = []
-    fds = {}
-    for fd, inode in restore.pipes.items():
-        slot = 10 + int(fd)
-        fds[slot] = pipes.sandbox[int(fd)]
-        inherit += ["--inherit-fd", f"fd[{slot}]:pipe:[{inode}]"]
-    work = directory / "criu"
-    work.mkdir(exist_ok=True)
-    command = [*restore.criu, "restore", "-D", str(images), "-W", str(work), "-o", "restore.log"]
-    command += ["--root", restore.root, "--restore-detached", "--pidfile", str(work / "init.pid")]
-    command += ["--tcp-established", "--manage-cgroups=ignore", *inherit]
-    lazy: subprocess.Popen[bytes] | None = None
-    try:
-        if restore.lazy:
-            lazy = subprocess.Popen(
-                [*restore.criu, "lazy-pages", "-D", str(images), "-W", str(work), "-o", "lazy.log"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            _wait_for(work / _LAZY_SOCKET, lazy)
-            command.append("--lazy-pages")
-        pid = _run_restore(config, pipes, fds, restore, command, env, work / "restore.log")
-    except BaseException:
-        if lazy is not None:  # nothing will ask it for pages now
-            lazy.kill()
-            lazy.wait()
-        raise
-    if lazy is None:
-        shutil.rmtree(images, ignore_errors=True)
-        return pid, None
-    return pid, _Lazy(lazy, images)
-
-
-def _run_restore(
-    config: ShimConfig,
-    pipes: _Pipes,
-    fds: dict[int, int],
-    restore: RestoreConfig,
-    command: list[str],
-    env: dict[str, str],
-    log: Path,
-) -> int:
-    """Run ``criu restore`` in a throwaway mount namespace where the root is mounted; the pid
-    of the restored PID 1."""
-    options = overlay_options(restore.upper, restore.work, restore.lower)
-    child = os.fork()
-    if child == 0:
-        try:
-            _child_setup(config, pipes, fds)
-            if _libc.unshare(_CLONE_NEWNS) != 0:
-                raise OSError(ctypes.get_errno(), "cannot make a mount namespace")
-            mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-            mount("overlay", restore.root, "overlay", 0, options)
-            os.execve(command[0], command, env)
-        except BaseException as e:
-            print(f"sandfork shim: restoring failed: {e}", file=sys.stderr)
-        finally:
-            os._exit(127)
-    _, status = os.waitpid(child, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        text = log.read_text(errors="replace") if log.exists() else ""
-        errors = [line for line in text.splitlines() if "Error" in line][-3:]
-        raise RuntimeError("criu restore failed: " + (" | ".join(errors) or f"status {status}"))
-    return int((log.parent / "init.pid").read_text())
-
-
-def _private_images(source: Path, target: Path) -> Path:
-    """The image files hard-linked (copied across file systems) into a folder of the
-    sandbox's own, so the snapshot may be deleted while pages are still read from them."""
-    target.mkdir()
-    for entry in source.iterdir():
-        try:
-            os.link(entry, target / entry.name)
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
-            shutil.copy2(entry, target / entry.name)
-    return target
-
-
-def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            raise RuntimeError(f"criu lazy-pages exited with status {process.returncode}")
-        if time.monotonic() > deadline:
-            raise RuntimeError("criu lazy-pages did not start")
-        time.sleep(0.002)
 
 
 class _Relay:
@@ -283,7 +98,7 @@ class _Relay:
 class Shim:
     """The relay loop and the end of the sandbox."""
 
-    def __init__(self, config: ShimConfig, pipes: _Pipes, init: int, lazy: _Lazy | None) -> None:
+    def __init__(self, config: ShimConfig, pipes: Pipes, init: int, lazy: Lazy | None) -> None:
         self.config = config
         self.lazy = lazy
         self.directory = Path(config.dir)
@@ -479,10 +294,10 @@ def main() -> None:
     config = ShimConfig(**json.loads(sys.argv[1]))
     directory = Path(config.dir)
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    pipes = _Pipes()
+    pipes = Pipes()
     try:
         init, lazy = (
-            (_launch(config, pipes), None) if config.launch else _restore(config, pipes, directory)
+            (_launch(config, pipes), None) if config.launch else restore(config, pipes, directory)
         )
     except Exception as e:
         write_json(

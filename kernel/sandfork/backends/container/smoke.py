@@ -23,7 +23,8 @@ from sandfork.backends.container import layers
 from sandfork.backends.container.cgroups import Cgroup, Hierarchy, Limits
 from sandfork.backends.container.criu import Criu, CriuError
 from sandfork.backends.container.launcher import LaunchConfig
-from sandfork.backends.container.shim import EXIT, RECORD, RestoreConfig, ShimConfig
+from sandfork.backends.container.shim import EXIT, RECORD
+from sandfork.backends.container.stdio import RestoreConfig, ShimConfig
 from sandfork.backends.processes import kill_process, start_time
 from sandfork.templates.initramfs import agent_dir
 
