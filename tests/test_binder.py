@@ -272,7 +272,11 @@ def _run_demo(user: BinderUser, tmp_path: Path) -> Path:
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert code == 0, f"the demo notebook failed:\n{output.read_text(errors='replace')[-6000:]}"
+    if code != 0:
+        engine_log = user.home / ".local" / "state" / "sandfork" / "run" / "engine.log"
+        engine = engine_log.read_text(errors="replace")[-6000:] if engine_log.exists() else ""
+        notebook = output.read_text(errors="replace")[-6000:]
+        pytest.fail(f"the demo notebook failed:\n{notebook}\nthe engine's log ends:\n{engine}")
     shutil.copy(work / "first_cell.json", tmp_path / "first_cell.json")
     shutil.copy(work / "executed.ipynb", tmp_path / "executed.ipynb")
     return tmp_path / "executed.ipynb"

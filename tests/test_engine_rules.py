@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 
 from engine_fake import Engines, FakeEngine, chain, set_status
+from sandfork.backends.agent_link import AgentError
 from sandfork.backends.fake import FakeHost
 from sandfork.engine.db import Database
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
@@ -510,3 +511,16 @@ async def test_a_boot_capture_that_fails_to_restore_is_rebuilt_once(
     assert sandbox.status == "running"
     assert (host.calls["boot_capture"], host.calls["restore"]) == (2, 2)
     assert [r.id for r in engine.db.all()] == [sandbox.id]
+
+
+@pytest.mark.asyncio
+async def test_a_first_boot_the_guest_fails_is_a_clear_error_and_leaves_nothing(
+    engines: Engines, host: FakeHost
+) -> None:
+    engine = await engines.start(boot_captures=True)
+    host.fail("boot_capture", AgentError("Timeout", "kernel did not become ready within 600 s"))
+    with pytest.raises(ApiError, match=r"first boot of template .* within 600 s") as caught:
+        await engine.create()
+    assert caught.value.status == 504
+    assert engine.db.all() == []
+    assert (await engine.create()).status == "running"  # the next create builds it again

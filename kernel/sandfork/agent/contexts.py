@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT = "default"
-KERNEL_START_TIMEOUT_S = 120.0
+# A kernel that keeps using CPU may take this long to start (a loaded host, an emulated
+# guest); one that uses none for KERNEL_STALL_S is stuck. The host's deadline for the
+# operations that start one covers the cap (backends/agent_link.py, KERNEL_START_S).
+KERNEL_START_CAP_S = 600.0
+KERNEL_STALL_S = 60.0
 
 EmitCallback = Callable[[Frame], None]
 
@@ -181,7 +185,7 @@ class ContextRegistry:
             )
             ctx.kernel = kernel
             await kernel.start()
-            await kernel.wait_ready(KERNEL_START_TIMEOUT_S)
+            await kernel.wait_ready(KERNEL_STALL_S, KERNEL_START_CAP_S)
         except BaseException:
             if ctx.kernel is not None:
                 with contextlib.suppress(Exception):

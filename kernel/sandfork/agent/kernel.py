@@ -38,6 +38,7 @@ _RECONNECT_IVL_MS = 20
 # ipykernel drops shell requests that arrive while it is still starting, so the readiness
 # probe is repeated at this interval until one is answered.
 _PROBE_INTERVAL_S = 0.1
+_STAT_CPU = slice(11, 15)  # utime, stime, cutime, cstime: fields 14-17 of /proc/PID/stat
 _IOPUB_SETTLE_S = 0.2
 
 MessageCallback = Callable[[str, Frame], None]
@@ -154,10 +155,16 @@ class KernelProcess:
             self._sockets[channel] = sock
             self._tasks.append(asyncio.create_task(self._read(channel, sock)))
 
-    async def wait_ready(self, timeout: float) -> None:
-        """Wait until the kernel answers on shell and publishes on iopub."""
+    async def wait_ready(self, stall: float, cap: float) -> None:
+        """Wait until the kernel answers on shell and publishes on iopub.
+
+        A kernel that is still working (its CPU time grows: a loaded host or an emulated
+        guest makes imports slow) is waited for up to ``cap`` seconds; one that has used no
+        CPU for ``stall`` seconds is stuck and fails at once.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        started = progressed = loop.time()
+        ticks = _cpu_ticks(self._proc.pid if self._proc is not None else None)
         while True:
             if self._exited.done():
                 raise AgentError("KernelDied", f"kernel {self._exited.result()} while starting")
@@ -166,10 +173,7 @@ class KernelProcess:
             self._probe_ids.add(msg_id)
             reply = self._probe_replies[msg_id] = loop.create_future()
             await self._sockets["shell"].send_multipart(self._session.serialize(probe))
-            remaining = deadline - loop.time()
-            await asyncio.wait(
-                [reply, self._exited], timeout=min(_PROBE_INTERVAL_S, max(remaining, 0))
-            )
+            await asyncio.wait([reply, self._exited], timeout=_PROBE_INTERVAL_S)
             self._probe_replies.pop(msg_id, None)
             if reply.done():
                 # The probe's own status messages normally reach iopub around the reply.
@@ -177,8 +181,15 @@ class KernelProcess:
                     await asyncio.wait_for(self._iopub_seen.wait(), _IOPUB_SETTLE_S)
                 if self._iopub_seen.is_set():
                     return
-            if loop.time() >= deadline:
-                raise AgentError("Timeout", f"kernel did not become ready within {timeout:g} s")
+            now, seen = loop.time(), _cpu_ticks(self._proc.pid if self._proc is not None else None)
+            if seen != ticks:
+                ticks, progressed = seen, now
+            if now - progressed >= stall:
+                raise AgentError(
+                    "Timeout", f"kernel used no CPU for {stall:g} s while starting: it is stuck"
+                )
+            if now - started >= cap:
+                raise AgentError("Timeout", f"kernel did not become ready within {cap:g} s")
 
     async def send(self, channel: str, msg: Frame) -> None:
         """Sign the host's message (header and msg_id unchanged) and send it on ``channel``."""
@@ -290,3 +301,15 @@ class KernelProcess:
             "buffers": [b64encode(b) for b in parts[5:]],
         }
         return msg
+
+
+def _cpu_ticks(pid: int | None) -> int | None:
+    """The CPU time a process and its reaped children have used, in clock ticks."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return sum(int(v) for v in fields[_STAT_CPU])

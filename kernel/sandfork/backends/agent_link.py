@@ -48,8 +48,9 @@ _LEADING_ID = re.compile(rb'\{"id": ?(\d{1,18})[,}]')  # how the agent starts ev
 
 DEFAULT_AGENT_TIMEOUT = 30.0
 """Seconds a request may wait for its reply when its caller names no deadline."""
-KERNEL_START_S = 120.0
-"""How long the agent itself may take to start a kernel (docs/agent-protocol.md)."""
+KERNEL_START_S = 600.0
+"""How long the agent itself may take to start a kernel that keeps working (its cap,
+``agent/contexts.py``; one stuck for a minute fails sooner; docs/agent-protocol.md)."""
 KERNEL_STARTING_OPS = frozenset({"ctx.create", "ctx.restart", "ctx.send"})
 """Operations that may start a kernel first: their default deadline adds ``KERNEL_START_S``."""
 

@@ -201,7 +201,7 @@ class FakeHost:
         self.guests: dict[int, FakeGuest] = {}
         self.calls: Counter[str] = Counter()  # create, restore, snapshot, boot_capture
         self.gates: dict[str, Gate] = {}
-        self._failing: set[str] = set()
+        self._failing: dict[str, Exception] = {}
         self._pids = itertools.count(FIRST_PID)
 
     async def spawn(self, files: dict[str, str], disk: Path) -> FakeGuest:
@@ -223,9 +223,10 @@ class FakeHost:
             guest.stop("stopped by the engine")
         return guest is not None
 
-    def fail(self, op: str) -> None:
-        """Make the next ``op`` (``create``, ``restore``, ``snapshot``) raise at its step."""
-        self._failing.add(op)
+    def fail(self, op: str, error: Exception | None = None) -> None:
+        """Make the next ``op`` (``create``, ``restore``, ``snapshot``, ``boot_capture``)
+        raise ``error`` (a :class:`FakeFailure` unless given) at its step."""
+        self._failing[op] = error or FakeFailure(f"injected {op} failure")
 
     def gate(self, op: str) -> Gate:
         """Hold the next ``op`` at its step until the test opens the gate."""
@@ -241,8 +242,7 @@ class FakeHost:
             gate.reached.set()
             await gate.opened.wait()
         if op in self._failing:
-            self._failing.discard(op)
-            raise FakeFailure(f"injected {op} failure")
+            raise self._failing.pop(op)
 
     def close(self) -> None:
         """End every guest and remove the sockets' folder."""
@@ -345,7 +345,7 @@ class FakeBackend:
         return await self._attach(guest, directory)
 
     async def boot_capture(self, spec: MachineSpec, template: BuiltTemplate, dest: Path) -> None:
-        self.host.calls["boot_capture"] += 1
+        await self.host.step("boot_capture")
         (dest / STATE).write_text("{}")
         self.images.create_overlay(self.base_disk(template), dest / DISK)
 

@@ -26,7 +26,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from sandfork.backends.agent_link import AgentError
 from sandfork.backends.base import Backend, Capture, MachineSpec
+from sandfork.engine.errors import ApiError
 from sandfork.templates import BuiltTemplate
 
 log = logging.getLogger(__name__)
@@ -141,7 +143,15 @@ class BootCaptures:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
-            await backend.boot_capture(spec, built, staging)
+            try:
+                await backend.boot_capture(spec, built, staging)
+            except AgentError as e:  # the guest's own answer: the template's fault, say so
+                status = 504 if e.type == "Timeout" else 502
+                message = f"the first boot of template {built.name} failed: {e.message}"
+                raise ApiError(message, status) from e
+            except TimeoutError as e:
+                message = f"the first boot of template {built.name} did not answer: {e}"
+                raise ApiError(message, 504) from e
             files, checksummed = backend.capture_files(staging)
             sizes = {str(p.relative_to(staging)): p.stat().st_size for p in files}
             checksum = await asyncio.to_thread(self.checksum, checksummed)

@@ -319,7 +319,7 @@ class ContainerBackend:
         layers.create(disk, tree_of(template))
         sandbox = await self.create(spec, dest / "boot", disk)
         try:
-            await sandbox.agent.request("ctx.create", {"isolated": False}, wait=300)
+            await sandbox.agent.request("ctx.create", {"isolated": False})
             await sandbox.snapshot(dest, CaptureRequest(disk, [], lambda _b, _s: dest / DISK))
         finally:
             await sandbox.destroy()

@@ -149,7 +149,7 @@ class VmBackend:
         scratch = dest / "scratch.qcow2"
         names = {".qcow2": scratch, ".mem": dest / CAPTURE_MEMORY}
         try:
-            await machine.agent.request("ctx.create", {"isolated": False}, wait=300)
+            await machine.agent.request("ctx.create", {"isolated": False})
             request = CaptureRequest(disk, [], lambda _backing, suffix: names[suffix])
             await machine.snapshot(dest, request)
         finally:
