@@ -215,6 +215,9 @@ while True:
     except OSError as e:
         answer = f"{type(e).__name__}: {e}".encode()
     kind = answer.split(b"\r\n")[0]
+    if not answer:  # cut as the engine stopped (its streams close): not an answer, ask again
+        time.sleep(0.02)
+        continue
     if kind != last:
         with open("/dev/ttyS0", "wb") as console:
             console.write(b"sandfork-probe: %r\n" % answer)
