@@ -124,7 +124,9 @@ def test_a_client_trickling_its_headers_is_disconnected(header_engine: EnginePro
     assert set(answers.values()) == {b""}  # closed, without an answer
     for sock in slow:
         sock.close()
-    assert _wait_for_fds(engine, baseline) <= baseline
+    # Within two of where they were (the engine may open a file of its own meanwhile, as
+    # once seen in CI); the 20 slow clients' sockets kept would show as 20.
+    assert _wait_for_fds(engine, baseline + 2) <= baseline + 2
     assert engine.get("/v1/health").status_code == 200
 
 

@@ -12,6 +12,7 @@ the graph with a checkpoint's inventory, with a diff, and of the hibernated note
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,11 @@ CELLS = [
 def lab(own_engine: EngineProcess, tmp_path: Path) -> Iterator[Lab]:
     with start_lab(own_engine, tmp_path, {}, []) as lab:
         yield lab
+    # A kernel stopped with the server may end before it kills its sandbox: its lease does
+    # (that is what the lease is for). Wait for it before the engine is checked.
+    deadline = time.monotonic() + 600  # a bound for a hang: the lease is 120 s
+    while own_engine.sandbox_ids() and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def _kernel(lab: Lab) -> dict[str, Any]:
