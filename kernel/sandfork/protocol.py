@@ -34,6 +34,11 @@ def new_snapshot_id() -> str:
     return "snap_" + secrets.token_hex(8)
 
 
+def new_fork_tree_id() -> str:
+    """A fresh id for the children of one fork call (their ``fork_tree_id``)."""
+    return "tree_" + secrets.token_hex(8)
+
+
 def is_snapshot_id(text: str) -> bool:
     """True if ``text`` has the form of a snapshot id (whether or not it exists)."""
     return _SNAPSHOT_ID.fullmatch(text) is not None

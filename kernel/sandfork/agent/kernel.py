@@ -164,7 +164,8 @@ class KernelProcess:
         """
         loop = asyncio.get_running_loop()
         started = progressed = loop.time()
-        ticks = _cpu_ticks(self._proc.pid if self._proc is not None else None)
+        pid = self._proc.pid if self._proc is not None else None
+        ticks = _cpu_ticks(pid)
         while True:
             if self._exited.done():
                 raise AgentError("KernelDied", f"kernel {self._exited.result()} while starting")
@@ -181,7 +182,7 @@ class KernelProcess:
                     await asyncio.wait_for(self._iopub_seen.wait(), _IOPUB_SETTLE_S)
                 if self._iopub_seen.is_set():
                     return
-            now, seen = loop.time(), _cpu_ticks(self._proc.pid if self._proc is not None else None)
+            now, seen = loop.time(), _cpu_ticks(pid)
             if seen != ticks:
                 ticks, progressed = seen, now
             if now - progressed >= stall:

@@ -43,18 +43,8 @@ async def promote(
         raise BadRequest(f"sandbox {sandbox_id} is not a fork child: nothing to promote")
     sandboxes.live(sandbox_id)  # promoting a dead child would leave nothing running
     result = Promoted(child)
-    doomed: list[tuple[str, list[str]]] = []
-    if kill_siblings:
-        doomed += [
-            (r.id, result.siblings)
-            for r in sandboxes.all()
-            if r.metadata.get(FORK_PARENT) == parent_id
-            and r.id != sandbox_id
-            and (tree_id is None or r.metadata.get(FORK_TREE) == tree_id)
-        ]
-    if kill_parent:
-        doomed.append((parent_id, result.parent))
-    for victim, killed in doomed:
+
+    async def kill(victim: str, killed: list[str]) -> None:
         try:
             await sandboxes.kill(victim)
             killed.append(victim)
@@ -62,6 +52,17 @@ async def promote(
             pass  # already gone
         except ApiError as e:
             result.failures[victim] = e.message
+
+    if kill_siblings:
+        for sibling in sandboxes.all():
+            if (
+                sibling.metadata.get(FORK_PARENT) == parent_id
+                and sibling.id != sandbox_id
+                and (tree_id is None or sibling.metadata.get(FORK_TREE) == tree_id)
+            ):
+                await kill(sibling.id, result.siblings)
+    if kill_parent:
+        await kill(parent_id, result.parent)
     crash_point("promote.killed")
     kept = {k: v for k, v in child.metadata.items() if k not in (FORK_PARENT, FORK_TREE)}
     child.metadata = {**kept, PROMOTED_FROM: parent_id}

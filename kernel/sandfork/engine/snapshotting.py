@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,7 +36,7 @@ from sandfork.engine.snapshots import (
     write_attachments,
 )
 from sandfork.holdpoints import hold_point
-from sandfork.protocol import INVENTORY_ATTACHMENT
+from sandfork.protocol import INVENTORY_ATTACHMENT, new_fork_tree_id
 
 
 class SnapshotService:
@@ -249,7 +248,7 @@ class SnapshotService:
             self.limits.check_host_memory(copies * used, f"{count} copies of sandbox {sandbox_id}")
         snap = await self.snapshot(sandbox_id, hidden=True)
         crash_point("fork.captured")
-        tree = f"tree_{secrets.token_hex(8)}"
+        tree = new_fork_tree_id()
         try:
             children = await asyncio.gather(
                 *(
