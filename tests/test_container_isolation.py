@@ -219,6 +219,24 @@ def test_no_capabilities_no_new_privileges_and_a_seccomp_filter(sandbox: Sandbox
     assert fields["Seccomp"].strip() == "2"
 
 
+def test_a_fork_bomb_in_a_small_sandbox_leaves_its_agent_alive(client: Client) -> None:
+    """Its processes' kernel memory must not fill the sandbox: then the OOM killer, having
+    killed the bomb's processes faster than they exit, takes the agent (which shares the
+    group and, on a host that gives root no CAP_SYS_RESOURCE, cannot protect itself) and the
+    sandbox is lost ("its init exited with status 137": 2 runs of 2 before tasks scaled with
+    memory)."""
+    box = Sandbox.create(client=client, memory_mb=512)
+    try:
+        with pytest.raises(SandboxTimeout):
+            box.exec(
+                "python3 -c 'import os\nwhile True:\n    try: os.fork()\n    except OSError: pass'",
+                timeout_seconds=10,
+            )
+        assert box.exec("echo ok", check=True).stdout.strip() == "ok"
+    finally:
+        box.kill()
+
+
 def test_a_fork_bomb_and_a_huge_allocation_are_stopped(
     sandbox: Sandbox, neighbour: Sandbox, engine: EngineProcess
 ) -> None:

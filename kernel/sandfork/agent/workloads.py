@@ -44,6 +44,17 @@ LINGER_CHECK_S = 1.0
 STATIC_SHELL = "/run/sandfork/busybox"
 
 
+def tasks_for_memory(mem_mb: int) -> int:
+    """The processes and threads one piece of user work may have in ``mem_mb`` of memory:
+    one per 2 MiB, at least 256. A fork bomb's process costs 150-250 KiB (its page tables,
+    kernel stack and the pages it dirties; on a container's host two thirds of that is kernel
+    memory), so a bomb at this bound holds about a tenth of the memory and never drives the
+    sandbox into the out-of-memory churn in which whatever is left, the agent too, is killed;
+    under TCG each of its processes takes 5-15 ms to exit when killed, so it is gone in seconds.
+    """
+    return max(mem_mb // 2, 256)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What user work may use (the agent's defaults; ``for_guest`` sizes them)."""
@@ -63,15 +74,13 @@ class Limits:
         tasks (the smaller of ``kernel.threads-max`` and ``kernel.pid_max``).
 
         All user work gets the tasks but 512 (the agent's threads, kernel threads). One exec
-        or kernel gets one task per 2 MiB of memory (at least 256, at most half the user's):
-        a fork bomb's processes take 200-300 KiB each, and under TCG each takes 5-15 ms to
-        exit when killed, so a bomb of 500 is gone in seconds. The agent keeps an eighth of
-        the memory, at least 96 MiB.
+        or kernel gets :func:`tasks_for_memory` (at most half the user's). The agent keeps an
+        eighth of the memory, at least 96 MiB.
         """
         pids = max(task_max - 512, 64)
         return cls(
             pids_max=pids,
-            unit_pids_max=min(max(mem_total_mb // 2, 256), max(pids // 2, 32)),
+            unit_pids_max=min(tasks_for_memory(mem_total_mb), max(pids // 2, 32)),
             agent_memory_mb=max(mem_total_mb // 8, 96),
         )
 

@@ -35,7 +35,6 @@ from sandfork.templates.initramfs import agent_dir, agent_files, files_hash
 #: Bump when what a sandbox's capture depends on changes (the launcher's mounts, the fds).
 CONTAINER_REVISION = 1
 DISK = "disk" + layers.SUFFIX  # a boot capture's disk layer
-MAX_PIDS = 4096  # processes and threads of one sandbox
 SOCKET_SUFFIXES = (".agent", ".egress")
 IMAGE_LINKS = ".images"  # beside its sockets: a restored sandbox's links to its image files
 _HOOK = """#!/bin/sh
@@ -226,7 +225,7 @@ class ContainerBackend:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         (directory / "root").mkdir(exist_ok=True)
         cgroup = self._cgroup(directory)
-        cgroup.create(Limits(spec.memory_mb * 2**20, MAX_PIDS))
+        cgroup.create(Limits.for_sandbox(spec.memory_mb))
         sockets = self._sockets(directory)
         config = ShimConfig(
             dir=str(directory),

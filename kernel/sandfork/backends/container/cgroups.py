@@ -20,11 +20,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandfork.agent.workloads import tasks_for_memory
+
 ROOT = Path("/sys/fs/cgroup")
 _V1 = ("memory", "pids", "cpu", "freezer")
 _V2_NEEDED = {"memory", "pids"}
 CPU_WEIGHT = 25  # of 100 (v2; v1 shares scale it): sandboxes yield to the engine
 _REMOVE_WAIT_S = 5.0
+#: Tasks of a sandbox beyond its user work's (tini, the agent's and its kernels' threads):
+#: a container has one group for both, where a VM's guest gives user work groups of its own.
+AGENT_TASKS = 256
 
 
 def _v2_root() -> Path | None:
@@ -84,6 +89,18 @@ class Limits:
 
     memory_bytes: int
     pids: int
+
+    @classmethod
+    def for_sandbox(cls, memory_mb: int) -> Limits:
+        """A sandbox of ``memory_mb``: that memory, and as many tasks as one VM exec may have
+        in it (:func:`~sandfork.agent.workloads.tasks_for_memory`) plus :data:`AGENT_TASKS`.
+
+        The agent shares the group with user work, and where the host gives root no
+        ``CAP_SYS_RESOURCE`` (this CI machine) it cannot make itself the OOM killer's last
+        pick: with 4096 tasks a fork bomb's kernel memory alone filled a 512 MiB sandbox and
+        the killer, having killed the bomb's processes faster than they exit, took the agent.
+        """
+        return cls(memory_mb * 2**20, tasks_for_memory(memory_mb) + AGENT_TASKS)
 
 
 class Cgroup:
