@@ -344,6 +344,9 @@ FORGED_REPLIES: dict[str, Forged] = {
     "exec-error-unknown-type": _forged_exec(
         {"ok": False, "error": {"type": "Evil", "message": ""}}
     ),
+    "exec-error-internal": _forged_exec(
+        {"ok": False, "error": {"type": "Internal", "message": "forged"}}, message="failed: forged"
+    ),
     "exec-error-no-message": _forged_exec({"ok": False, "error": {"type": "NotFound"}}),
     "exec-error-string": _forged_exec({"ok": False, "error": "NotFound"}),
     "read-no-data": _forged(_READ, "fs.read", {"size": 0}),

@@ -68,7 +68,9 @@ del _os, _random, _sys
 def agent_failures(record: SandboxRecord) -> Iterator[None]:
     """Map the agent's errors to API errors: its own by type, a lost connection as a 409,
     no answer within the deadline as a 504 (and the sandbox's ``error`` says unresponsive
-    until its agent answers again), a reply that breaks the protocol as a 502."""
+    until its agent answers again), a reply that breaks the protocol or an error of a type
+    with no status of its own (the agent's ``Internal``, which guest code can forge) as a
+    502, never a 500."""
     try:
         yield
     except TimeoutError as e:
@@ -81,7 +83,11 @@ def agent_failures(record: SandboxRecord) -> Iterator[None]:
         raise BadReply(f"the guest agent of sandbox {record.id} sent an invalid reply: {e}") from e
     except AgentError as e:
         _answered(record)
-        raise ApiError(e.message, _AGENT_ERROR_STATUS.get(e.type, 500)) from e
+        status = _AGENT_ERROR_STATUS.get(e.type)
+        if status is None:  # "Internal" and the like: the guest failed, not the engine
+            message = f"the guest agent of sandbox {record.id} failed: {e.message}"
+            raise ApiError(message, 502) from e
+        raise ApiError(e.message, status) from e
     _answered(record)
 
 
