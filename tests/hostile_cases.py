@@ -99,6 +99,8 @@ CASES: dict[str, Case] = {
     "metadata-total": _bad_create({"metadata": _BIG_VALUES}, "larger than 16384", 413),
     "metadata-nul": _bad_create({"metadata": {"k": "a\x00b"}}, "NUL"),
     "metadata-surrogate": _bad_create('{"metadata": {"k": "\\ud800"}}', "lone surrogate"),
+    # Relations the engine records and relies on (promote, wake, the listing) are its own.
+    "metadata-fork-parent": _bad_create({"metadata": {"fork_parent_id": "sbx_1"}}, "engine's own"),
     "from-snapshot-int": _bad_create({"from_snapshot": 5}, "must be of type str"),
     "from-snapshot-long": _bad_create({"from_snapshot": "s" * 100}, "longer than 64"),
     "from-snapshot-unknown": _bad_create({"from_snapshot": SNAP}, SNAP, 404),
@@ -213,6 +215,8 @@ CASES: dict[str, Case] = {
     "snapshot-name-wide-blank": _snap({"name": "\u00a0\u3000"}, "not only spaces"),
     "snapshot-name-twice": _snap('{"name": "a", "name": "b"}', "the key 'name' appears twice"),
     "snapshot-metadata-many": _snap({"metadata": _MANY}, "more than 64 keys", 413),
+    # A snapshot claiming to be a sandbox's hibernation capture would be hidden, then deleted.
+    "snapshot-metadata-hibernation": _snap({"metadata": {"hibernation_of": "x"}}, "engine's own"),
     "snapshot-attachments-string": _snap({"attachments": "x"}, "must be of type dict"),
     "snapshot-attachment-traversal": _snap({"attachments": {"../x": "a"}}, "attachment name"),
     "snapshot-attachment-int": _snap({"attachments": {"a": 5}}, "map file names to text"),
@@ -220,6 +224,7 @@ CASES: dict[str, Case] = {
     "fork-metadata-list": _snap({"metadata": [1]}, "must be of type dict", path="fork"),
     "fork-reseed-string": _snap({"reseed_python": "no"}, "must be of type bool", path="fork"),
     "fork-metadata-huge": _snap({"metadata": _BIG_VALUES}, "in all", 413, path="fork"),
+    "fork-metadata-tree": _snap({"metadata": {"fork_tree_id": "t"}}, "engine's own", path="fork"),
     "fork-tree-zero": _snap({"count": 0}, "count must be", path="fork-tree"),
     "fork-tree-17": _snap({"count": 17}, "count must be", path="fork-tree"),
     "fork-tree-string": _snap({"count": "2"}, "must be of type int", path="fork-tree"),

@@ -20,7 +20,7 @@ import pytest
 from conftest import EngineProcess
 from engine_invariants import cell_checkpoint, check_engine, make_state, state_digests
 from sandfork.crashpoints import CRASH_POINTS
-from sandfork.engine.sandboxes import FORK_PARENT
+from sandfork.protocol import FORK_PARENT
 from sandfork.sdk import Sandbox, SandforkError
 
 pytestmark = pytest.mark.portable  # runs on every backend (the suite's container pass too)

@@ -23,7 +23,7 @@ from sandfork.engine.db import Database
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
 from sandfork.engine.limits import LimitExceeded
 from sandfork.engine.promotion import promote
-from sandfork.engine.snapshots import HIBERNATION
+from sandfork.protocol import HIBERNATION_OF
 
 
 @pytest.fixture
@@ -409,7 +409,7 @@ async def test_a_hibernation_capture_of_a_sandbox_not_asleep_is_dropped(
     sandbox = await fake_engine.create()
     # What an engine killed between hibernate's capture and the stop of the sandbox leaves.
     capture = await fake_engine.services.snapshots.snapshot(
-        sandbox.id, metadata={HIBERNATION: sandbox.id}
+        sandbox.id, metadata={HIBERNATION_OF: sandbox.id}
     )
     fake_engine = await engines.restart(fake_engine)
     assert fake_engine.store.hibernation_of(sandbox.id) is None

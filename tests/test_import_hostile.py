@@ -35,6 +35,7 @@ from sandfork.engine.exchange import (
     check_layers,
     unpack,
 )
+from sandfork.engine.manifest import parse_manifest
 from sandfork.templates import BuiltTemplate, ensure_template
 
 MIB = 2**20
@@ -331,6 +332,15 @@ def test_declared_sizes_within_the_limits(tmp_path: Path, staging: Path) -> None
     doc = manifest(files)
     doc["members"]["layer0.qcow2"]["size"] = 60 * MIB  # with the rest, past the 64 MiB cap
     refused(archive(tmp_path / "b", entries(doc, files)), staging, r"add up to more than")
+
+
+def test_the_other_engines_relations_are_dropped_on_import(tmp_path: Path) -> None:
+    """They name its sandboxes; one claiming a hibernation would hide the snapshot here and
+    have it deleted when a sandbox of that id ran."""
+    doc = manifest(members(tmp_path))
+    doc["snapshot"]["metadata"] |= {"hibernation_of": "sbx_0123456789abcdef", "fork_parent_id": "x"}
+    parsed = parse_manifest(json.dumps(doc).encode(), LIMITS)
+    assert parsed.fields["metadata"] == {"notebook_path": "a.ipynb"}
 
 
 @pytest.mark.parametrize("declared", [MIB, 6 * 2**30])

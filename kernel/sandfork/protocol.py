@@ -39,6 +39,20 @@ def new_fork_tree_id() -> str:
     return "tree_" + secrets.token_hex(8)
 
 
+# -- relations the engine records in metadata ------------------------------------------------
+
+FORK_PARENT = "fork_parent_id"  # of a fork child: the sandbox it was forked from
+FORK_TREE = "fork_tree_id"  # of a fork child: the fork call it came from (its tree)
+PROMOTED_FROM = "promoted_from"  # of a promoted child: its former parent
+RESUMED_FROM = "resumed_from"  # of a sandbox made by a resume: the sandbox it continues
+HIBERNATION_OF = "hibernation_of"  # of a hibernated sandbox's capture: that sandbox
+ENGINE_METADATA_KEYS = frozenset(
+    {FORK_PARENT, FORK_TREE, PROMOTED_FROM, RESUMED_FROM, HIBERNATION_OF}
+)
+"""Written by the engine only (promote, wake and the listing rely on them): a client that
+sends one in ``metadata`` is refused."""
+
+
 def is_snapshot_id(text: str) -> bool:
     """True if ``text`` has the form of a snapshot id (whether or not it exists)."""
     return _SNAPSHOT_ID.fullmatch(text) is not None

@@ -26,7 +26,7 @@ from sandfork.engine.snapshots import (
     check_attachment_name,
     check_name,
 )
-from sandfork.protocol import CONTEXT_ID, SANDBOX_ID
+from sandfork.protocol import CONTEXT_ID, ENGINE_METADATA_KEYS, SANDBOX_ID
 from sandfork.templates.errors import TemplateError
 from sandfork.templates.spec import check_template_name
 
@@ -180,7 +180,8 @@ def _snapshot_fields(
         "parent_id": None,  # it names a snapshot of the other engine
         "paused_ms": _int(snap.get("paused_ms", 0), "snapshot.paused_ms", 0, 2**31),
         "contexts": list(contexts),
-        "metadata": dict(metadata),
+        # The other engine's relations name its sandboxes; a hibernation capture's would hide it.
+        "metadata": {k: v for k, v in metadata.items() if k not in ENGINE_METADATA_KEYS},
         "attachments": list(attachments),
     }
     return original_id, fields, vm

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from sandfork.crashpoints import crash_point
 from sandfork.engine.db import SandboxRecord
 from sandfork.engine.errors import ApiError, BadRequest, NotFound
-from sandfork.engine.sandboxes import FORK_PARENT, FORK_TREE, SandboxService
-
-PROMOTED_FROM = "promoted_from"  # metadata of a promoted child: its former parent
+from sandfork.engine.sandboxes import SandboxService
+from sandfork.protocol import FORK_PARENT, FORK_TREE, PROMOTED_FROM
 
 
 @dataclass

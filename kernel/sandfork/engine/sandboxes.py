@@ -40,8 +40,6 @@ _WATCH_TICK = 1.0  # seconds between two checks of the VMs and the leases
 # anyway (its proxy refuses connections until the session is up).
 _EGRESS_READY_S = 10.0
 HIBERNATED = ("hibernated", "waking")  # statuses of a sandbox whose VM is stopped, state kept
-FORK_PARENT = "fork_parent_id"  # metadata of a fork child: the sandbox it was forked from
-FORK_TREE = "fork_tree_id"  # metadata of a fork child: the fork call it came from (its tree)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from sandfork import protocol
 from sandfork.backends.base import Capture, MachineSpec
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, Conflict, NotFound
+from sandfork.protocol import HIBERNATION_OF
 from sandfork.protocol import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
 from sandfork.protocol import SNAPSHOT_ID as SNAPSHOT_ID
 from sandfork.protocol import new_snapshot_id as new_snapshot_id
@@ -36,7 +37,6 @@ from sandfork.protocol import new_snapshot_id as new_snapshot_id
 log = logging.getLogger(__name__)
 
 ATTACHMENTS = "attachments"  # the folder of a snapshot's attached files
-HIBERNATION = "hibernation_of"  # metadata of a hibernated sandbox's capture: the sandbox
 
 
 def check_name(name: str) -> str:
@@ -231,14 +231,14 @@ class SnapshotStore:
             s
             for s in self._records.values()
             if not s.hidden
-            and HIBERNATION not in s.metadata
+            and HIBERNATION_OF not in s.metadata
             and (sandbox_id is None or s.sandbox_id == sandbox_id)
         ]
         return sorted(found, key=lambda s: s.created_at, reverse=True)
 
     def hibernation_of(self, sandbox_id: str) -> SnapshotRecord | None:
         """The capture a hibernated sandbox wakes from (the newest, if a crash left two)."""
-        found = [s for s in self._records.values() if s.metadata.get(HIBERNATION) == sandbox_id]
+        found = [s for s in self._records.values() if s.metadata.get(HIBERNATION_OF) == sandbox_id]
         return max(found, key=lambda s: s.created_at, default=None)
 
     def drop_hibernations(
@@ -247,7 +247,7 @@ class SnapshotStore:
         """Delete the hibernation captures (of sandbox ``of``, or of any) whose sandbox is
         not in ``keep``: a sandbox killed, woken, or left running by a crash."""
         for snap in list(self._records.values()):
-            owner = snap.metadata.get(HIBERNATION)
+            owner = snap.metadata.get(HIBERNATION_OF)
             if owner is not None and owner not in keep and of in (None, owner):
                 self.delete(snap.id, sandboxes)
 

@@ -26,17 +26,23 @@ from sandfork.engine.errors import ApiError, Conflict
 from sandfork.engine.execution import ExecutionService
 from sandfork.engine.ledger import Ledger, now
 from sandfork.engine.limits import Limits
-from sandfork.engine.sandboxes import FORK_PARENT, FORK_TREE, HIBERNATED, SandboxService
+from sandfork.engine.sandboxes import HIBERNATED, SandboxService
 from sandfork.engine.snapshots import (
     ATTACHMENTS,
-    HIBERNATION,
     SnapshotStore,
     new_snapshot_id,
     stored_bytes,
     write_attachments,
 )
 from sandfork.holdpoints import hold_point
-from sandfork.protocol import INVENTORY_ATTACHMENT, new_fork_tree_id
+from sandfork.protocol import (
+    FORK_PARENT,
+    FORK_TREE,
+    HIBERNATION_OF,
+    INVENTORY_ATTACHMENT,
+    RESUMED_FROM,
+    new_fork_tree_id,
+)
 
 
 class SnapshotService:
@@ -128,7 +134,7 @@ class SnapshotService:
             record = self.sandboxes.get(sandbox_id)
             if record.status in HIBERNATED:
                 return record
-            await self._capture(sandbox_id, None, False, {HIBERNATION: sandbox_id}, None)
+            await self._capture(sandbox_id, None, False, {HIBERNATION_OF: sandbox_id}, None)
             crash_point("hibernate.captured")
             return await self.sandboxes.hibernated(sandbox_id)
 
@@ -177,7 +183,7 @@ class SnapshotService:
         live = self.sandboxes.live(sandbox_id)  # it may have been killed while we waited
         record = live.record
         contexts = await self.execution.contexts_of(live)
-        if not hidden and HIBERNATION not in (metadata or {}):
+        if not hidden and HIBERNATION_OF not in (metadata or {}):
             found = await inventory.take(live, contexts.get("contexts", []), self.inventory_timeout)
             attachments = {**(attachments or {}), INVENTORY_ATTACHMENT: found}
             crash_point("snapshot.inventoried")
@@ -292,7 +298,7 @@ class SnapshotService:
         replays from cache; the new sandbox's ledger starts with them.
         """
         checkpoint = self.ledger.find_checkpoint(sandbox_id, name)
-        metadata = {"resumed_from": sandbox_id}
+        metadata = {RESUMED_FROM: sandbox_id}
         record = await self.sandboxes.create_from_snapshot(
             checkpoint["snapshot_id"], metadata=metadata, persistent=False
         )

@@ -12,6 +12,7 @@ from typing import Any
 
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.errors import BadRequest, TooLarge
+from sandfork.protocol import ENGINE_METADATA_KEYS
 
 MAX_PATH_CHARS = 4096
 MAX_ENV_ENTRIES = 256
@@ -89,7 +90,8 @@ def env_field(body: dict[str, Any]) -> dict[str, str]:
 
 
 def metadata_field(body: dict[str, Any], config: EngineConfig) -> dict[str, str]:
-    """The optional ``metadata`` object: strings to strings, within the engine's limits."""
+    """The optional ``metadata`` object: strings to strings, within the engine's limits,
+    none of the keys the engine writes itself (:data:`~sandfork.protocol.ENGINE_METADATA_KEYS`)."""
     metadata: dict[str, Any] = field(body, "metadata", dict, {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise BadRequest("metadata must map strings to strings")
@@ -99,6 +101,8 @@ def metadata_field(body: dict[str, Any], config: EngineConfig) -> dict[str, str]
     for key, value in metadata.items():
         if not key:
             raise BadRequest("metadata keys must not be empty")
+        if key in ENGINE_METADATA_KEYS:
+            raise BadRequest(f"metadata key {key!r} is the engine's own (it records it itself)")
         check_text(key, "a metadata key", config.max_metadata_key_chars)
         check_text(value, f"metadata value of {key!r}", config.max_metadata_value_bytes)
         size = len(value.encode())
