@@ -372,6 +372,31 @@ async def test_a_persistent_sandbox_holds_no_lease(fake_engine: FakeEngine) -> N
     assert fake_engine.services.sandboxes.lease_remaining(sandbox.id) is None
 
 
+@pytest.mark.asyncio
+async def test_made_persistent_a_sandbox_outlives_its_lease_and_an_ended_lease_kills_nothing(
+    engines: Engines, fake_engine: FakeEngine
+) -> None:
+    sandboxes = fake_engine.services.sandboxes
+    kept, freed = await fake_engine.create(), await fake_engine.create()
+    for sandbox in (kept, freed):
+        sandboxes.lease(sandbox.id, 10)
+    sandboxes.set_persistent(kept.id, True)
+    sandboxes.end_lease(freed.id)
+    await fake_engine.advance(20)
+    assert sandboxes.get(kept.id).persistent and sandboxes.get(kept.id).lease_seconds is None
+    assert sandboxes.get(freed.id).status == "running"
+    fake_engine = await engines.restart(fake_engine)  # both are kept in the record
+    sandboxes = fake_engine.services.sandboxes
+    await fake_engine.advance(20)
+    assert [sandboxes.lease_remaining(s.id) for s in (kept, freed)] == [None, None]
+    assert {sandboxes.get(s.id).status for s in (kept, freed)} == {"running"}
+    sandboxes.set_persistent(kept.id, False)
+    sandboxes.lease(kept.id, 10)  # a TTL again: it runs out
+    await fake_engine.advance(10)
+    with pytest.raises(NotFound):
+        sandboxes.get(kept.id)
+
+
 # -- what a start cleans up after a killed engine -------------------------------------------
 
 

@@ -111,3 +111,31 @@ def test_pandastack_explore_promotes_the_winner_and_keeps_the_parent(
         for box in (winner, sandbox):
             if box is not None:
                 box.kill()
+
+
+def test_pandastack_lifecycle_ttl_and_persistent(ps_client: pandastack.Client) -> None:
+    """``set_ttl``, ``set_persistent`` and ``lifecycle``: a TTL is the sandbox's lease
+    (killed when it runs out unless renewed); a persistent sandbox has none."""
+    sandbox = pandastack.Sandbox.create(template="code-interpreter")
+    try:
+        assert sandbox.lifecycle() | {"id": None} == {
+            "id": None,
+            "persistent": False,
+            "ttl_seconds": None,
+            "expires_in": None,
+            "expires_at": None,
+        }
+        ttl = sandbox.set_ttl(600)
+        assert ttl["ttl_seconds"] == 600 and 0 < ttl["expires_in"] <= 600
+        assert ttl["expires_at"].endswith("Z")
+        with pytest.raises(pandastack.BadRequestError, match="between 5 and"):
+            sandbox.set_ttl(0)
+        made = sandbox.set_persistent(True)
+        assert made["persistent"] and made["ttl_seconds"] is None and made["expires_in"] is None
+        with pytest.raises(pandastack.BadRequestError, match="persistent"):
+            sandbox.set_ttl(600)
+        assert ps_client.sandboxes.get(sandbox.id).persistent
+        assert not sandbox.set_persistent(False)["persistent"]
+        assert sandbox.exec("echo alive", check=True).stdout == "alive\n"
+    finally:
+        sandbox.kill()

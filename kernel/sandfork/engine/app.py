@@ -31,7 +31,7 @@ from sandfork.engine.handlers.channels import ChannelsHandler
 from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler, RecordedExecStreamHandler
 from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
 from sandfork.engine.handlers.hibernation import HibernateHandler, WakeHandler
-from sandfork.engine.handlers.leases import LeaseHandler
+from sandfork.engine.handlers.leases import LeaseHandler, LifecycleHandler
 from sandfork.engine.handlers.lineage import PromoteHandler
 from sandfork.engine.handlers.repl import (
     InterruptHandler,
@@ -88,6 +88,7 @@ def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> we
         (r"/v1/sandboxes", SandboxesHandler),
         (rf"/v1/sandboxes/{_SBX}", SandboxHandler),
         (rf"/v1/sandboxes/{_SBX}/lease", LeaseHandler),
+        (rf"/v1/sandboxes/{_SBX}/lifecycle", LifecycleHandler),
         (rf"/v1/sandboxes/{_SBX}/exec", ExecHandler),
         (rf"/v1/sandboxes/{_SBX}/exec/stream", ExecStreamHandler),
         (rf"/v1/sandboxes/{_SBX}/exec/stream/ledgered", RecordedExecStreamHandler),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 MIN_SECONDS = 5.0
 MAX_SECONDS = 3600.0
+MAX_TTL_SECONDS = 30 * 86400.0  # a time to live (PandaStack's lifecycle) is a lease too
 
 
 class Leases:

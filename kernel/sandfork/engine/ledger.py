@@ -15,9 +15,10 @@ from sandfork.engine.db import Database
 from sandfork.engine.errors import NotFound
 
 
-def now() -> str:
-    """The current time as the API writes it."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def now(at: float | None = None) -> str:
+    """The time ``at`` (seconds since the epoch; default: now) as the API writes it."""
+    moment = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Ledger:

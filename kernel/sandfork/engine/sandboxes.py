@@ -447,6 +447,27 @@ class SandboxService:
         self.leases.hold(sandbox_id, seconds)
         return record
 
+    def end_lease(self, sandbox_id: str) -> SandboxRecord:
+        """End the sandbox's lease (or time to live): nothing kills it for want of renewal."""
+        record = self.get(sandbox_id)
+        self.leases.drop(sandbox_id)
+        if record.lease_seconds is not None:
+            record.lease_seconds = None
+            self.db.put(record)
+        return record
+
+    def set_persistent(self, sandbox_id: str, persistent: bool) -> SandboxRecord:
+        """Make a sandbox persistent (it gives up its lease) or not (PandaStack's lifecycle)."""
+        record = self.get(sandbox_id)
+        if record.status == "dead":
+            raise Conflict(f"sandbox {sandbox_id} is not running: {record.error or 'dead'}")
+        if persistent:
+            self.end_lease(sandbox_id)
+        if record.persistent != persistent:
+            record.persistent = persistent
+            self.db.put(record)
+        return record
+
     async def kill(self, sandbox_id: str) -> None:
         """Stop a sandbox and delete everything it owns (after a snapshot in progress)."""
         record = self.get(sandbox_id)
