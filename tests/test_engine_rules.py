@@ -19,6 +19,7 @@ import pytest_asyncio
 from engine_fake import Engines, FakeEngine, chain, set_status
 from sandfork.backends.agent_link import AgentError
 from sandfork.backends.fake import FakeHost
+from sandfork.engine import pausing
 from sandfork.engine.db import Database
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
 from sandfork.engine.limits import LimitExceeded
@@ -395,6 +396,65 @@ async def test_made_persistent_a_sandbox_outlives_its_lease_and_an_ended_lease_k
     await fake_engine.advance(10)
     with pytest.raises(NotFound):
         sandboxes.get(kept.id)
+
+
+# -- pause -----------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_paused_sandbox_refuses_work_keeps_its_lease_and_goes_on_when_resumed(
+    fake_engine: FakeEngine, host: FakeHost
+) -> None:
+    sandboxes = fake_engine.services.sandboxes
+    sandbox = await fake_engine.create()
+    sandboxes.lease(sandbox.id, 10)
+    await fake_engine.write(sandbox.id, "/root/kept", b"state")
+    paused = await pausing.pause(sandboxes, sandbox.id, wait=5)
+    assert paused.status == "paused" and host.guests[sandbox.pid].frozen
+    assert (await pausing.pause(sandboxes, sandbox.id, wait=5)).status == "paused"  # idempotent
+    with pytest.raises(Conflict, match="is paused: resume it first"):
+        await fake_engine.exec(sandbox.id, "echo hi")
+    with pytest.raises(Conflict, match="is paused"):
+        await fake_engine.services.snapshots.snapshot(sandbox.id, "s")
+    with pytest.raises(Conflict, match="is paused"):
+        await fake_engine.services.snapshots.hibernate(sandbox.id)
+    await fake_engine.advance(8)
+    sandboxes.lease(sandbox.id, None)  # a renewal while paused
+    await fake_engine.advance(8)
+    resumed = await pausing.unpause(sandboxes, sandbox.id)
+    assert resumed.status == "running" and not host.guests[sandbox.pid].frozen
+    assert await fake_engine.read(sandbox.id, "/root/kept") == b"state"
+    assert (await pausing.unpause(sandboxes, sandbox.id)).status == "running"
+
+
+@pytest.mark.asyncio
+async def test_a_pause_waits_for_the_work_in_flight(
+    fake_engine: FakeEngine, host: FakeHost
+) -> None:
+    sandboxes = fake_engine.services.sandboxes
+    sandbox = await fake_engine.create()
+    async with sandboxes.activity.operation(sandbox.id):  # an exec, say, still running
+        pause = asyncio.create_task(pausing.pause(sandboxes, sandbox.id, wait=60))
+        for _ in range(10):  # let it run as far as it can
+            await asyncio.sleep(0)
+        assert not pause.done() and not host.guests[sandbox.pid].frozen
+    assert (await pause).status == "paused" and host.guests[sandbox.pid].frozen
+
+
+@pytest.mark.asyncio
+async def test_a_restart_and_a_kill_let_a_paused_sandbox_go(
+    engines: Engines, fake_engine: FakeEngine, host: FakeHost
+) -> None:
+    kept, killed = await fake_engine.create(), await fake_engine.create()
+    for sandbox in (kept, killed):
+        await pausing.pause(fake_engine.services.sandboxes, sandbox.id, wait=5)
+    await fake_engine.services.sandboxes.kill(killed.id)
+    assert killed.pid not in host.guests
+    fake_engine = await engines.restart(fake_engine)
+    assert fake_engine.services.sandboxes.get(kept.id).status == "running"
+    assert next(r for r in fake_engine.db.all() if r.id == kept.id).status == "running"
+    assert not host.guests[kept.pid].frozen
+    assert (await fake_engine.exec(kept.id, "echo again"))["stdout"] == "echo again"
 
 
 # -- what a start cleans up after a killed engine -------------------------------------------

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import glob
 from collections.abc import Iterator
+from pathlib import Path
 
 import pandastack
 import pytest
+from qemu.qmp import QMPClient
 
 from conftest import EngineProcess
 
@@ -139,3 +143,47 @@ def test_pandastack_lifecycle_ttl_and_persistent(ps_client: pandastack.Client) -
         assert sandbox.exec("echo alive", check=True).stdout == "alive\n"
     finally:
         sandbox.kill()
+
+
+def _frozen(engine: EngineProcess, sandbox_id: str) -> bool:
+    """Whether the sandbox's processes are stopped, as the host's kernel or QEMU says."""
+    info = engine.client().request("GET", f"/sandboxes/{sandbox_id}")
+    if info["isolation"] == "container":
+        v1 = glob.glob(f"/sys/fs/cgroup/freezer/sandfork/*/{sandbox_id}/freezer.state")
+        if v1:
+            return Path(v1[0]).read_text().strip() == "FROZEN"
+        (events,) = glob.glob(f"/sys/fs/cgroup/sandfork/*/{sandbox_id}/cgroup.events")
+        return "frozen 1" in Path(events).read_text().splitlines()
+
+    async def query() -> bool:
+        qmp = QMPClient("test")
+        await qmp.connect(str(engine.ram_dir / f"{sandbox_id}.qmp"))
+        try:
+            return not (await qmp.execute("query-status"))["running"]  # type: ignore[index]
+        finally:
+            await qmp.disconnect()
+
+    return asyncio.run(query())
+
+
+def test_pandastack_pause_keeps_the_memory_and_resume_goes_on(
+    ps_client: pandastack.Client, engine: EngineProcess
+) -> None:
+    sandbox = pandastack.Sandbox.create(template="code-interpreter")
+    try:
+        ctx = sandbox.create_code_context()
+        ctx.run_code("counter = 41")
+        sandbox.pause()
+        assert ps_client.sandboxes.get(sandbox.id).status == "paused"
+        assert _frozen(engine, sandbox.id)
+        with pytest.raises(pandastack.BadRequestError, match="is paused: resume it first"):
+            sandbox.exec("true")
+        sandbox.pause()  # again: nothing changes
+        sandbox.resume()
+        assert ps_client.sandboxes.get(sandbox.id).status == "running"
+        assert not _frozen(engine, sandbox.id)
+        assert ctx.run_code("counter + 1").text == "42"
+        sandbox.pause()
+    finally:
+        sandbox.kill()  # paused: a kill still ends it
+    assert sandbox.id not in [s.id for s in ps_client.sandboxes.list()]

@@ -137,6 +137,13 @@ class Instance(Protocol):
         """Called once a restored sandbox runs: refresh what its capture froze (clock,
         entropy) where the sandbox does not share them with the host."""
 
+    async def freeze(self) -> None:
+        """Stop every process of the sandbox where it is, its memory kept, until :meth:`thaw`
+        (a backend's adopt lets a frozen sandbox go on)."""
+
+    async def thaw(self) -> None:
+        """Let a frozen sandbox go on (its clock refreshed where it keeps its own)."""
+
     async def snapshot(self, dest: Path, request: CaptureRequest) -> Captured:
         """Capture the running sandbox at one instant: its state into the folder ``dest``,
         its disk and memory into layers made with ``request.new_layer``; it runs on."""

@@ -79,6 +79,7 @@ class FakeGuest:
         self.files = files
         self.disk = disk  # the layer it writes, as a running VM's chain names it
         self.alive = True
+        self.frozen = False  # paused in place
         self.failure = ""  # why it ended
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -281,6 +282,12 @@ class FakeInstance:
         await self.agent.request("sys.set_time", {"epoch_ns": time.time_ns()})
         await self.agent.request("sys.reseed", {"entropy": base64.b64encode(b"0" * 32).decode()})
 
+    async def freeze(self) -> None:
+        self.guest.frozen = True
+
+    async def thaw(self) -> None:
+        self.guest.frozen = False
+
     async def snapshot(self, dest: Path, request: CaptureRequest) -> Captured:
         """The files into ``dest``; the disk layer freezes, the guest writes a new one."""
         (dest / STATE).write_text(json.dumps(self.guest.files))
@@ -359,6 +366,7 @@ class FakeBackend:
         guest = self.host.guests.get(pid)
         if _pid(directory) != pid or guest is None or not guest.alive:
             raise FakeFailure("its fake guest is gone")
+        guest.frozen = False  # as the real backends' adopt does
         return await self._attach(guest, directory)
 
     async def _attach(self, guest: FakeGuest, directory: Path) -> FakeInstance:

@@ -63,11 +63,16 @@ class Activity:
 
     @contextlib.asynccontextmanager
     async def quiet(
-        self, sandbox_id: str, busy_kernels: Callable[[], list[str]], wait: float
+        self,
+        sandbox_id: str,
+        busy_kernels: Callable[[], list[str]],
+        wait: float,
+        what: str = "hibernation",
     ) -> AsyncIterator[None]:
         """Hold new operations back and wait, at most ``wait`` seconds, until none runs and
         ``busy_kernels()`` names no context; the block then runs with them still held back.
-        Past the wait: :class:`Conflict` ("busy: …"), and the held operations go on."""
+        Past the wait: :class:`Conflict` ("busy: …", naming ``what`` did not happen), and the
+        held operations go on."""
         await self.held_back(sandbox_id)  # one hibernation at a time
         over = self._held[sandbox_id] = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -76,10 +81,10 @@ class Activity:
             while (reason := self._busy(sandbox_id, busy_kernels())) is not None:
                 if loop.time() >= deadline:
                     raise Conflict(
-                        f"sandbox {sandbox_id} is busy: {reason}; it was not hibernated "
+                        f"sandbox {sandbox_id} is busy: {reason}; no {what} happened "
                         f"(waited {wait:g} s)"
                     )
-                log.info("sandbox %s: its hibernation waits (%s)", sandbox_id, reason)
+                log.info("sandbox %s: its %s waits (%s)", sandbox_id, what, reason)
                 changed = self._changed[sandbox_id] = asyncio.Event()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), deadline - loop.time())

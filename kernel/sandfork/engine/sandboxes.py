@@ -40,6 +40,7 @@ _WATCH_TICK = 1.0  # seconds between two checks of the VMs and the leases
 # anyway (its proxy refuses connections until the session is up).
 _EGRESS_READY_S = 10.0
 HIBERNATED = ("hibernated", "waking")  # statuses of a sandbox whose VM is stopped, state kept
+PAUSED = "paused"  # frozen in place, its memory kept (sandfork.engine.pausing)
 
 
 @dataclass
@@ -116,7 +117,10 @@ class SandboxService:
                 log.warning("dropping sandbox %s: the engine stopped while it started", record.id)
                 self._records.pop(record.id)
                 self.db.delete(record.id)
-            elif record.status == "running" and record.pid is not None:
+            elif record.status in ("running", PAUSED) and record.pid is not None:
+                if record.status == PAUSED:  # adopting lets a paused sandbox go on
+                    record.status = "running"
+                    self.db.put(record)
                 await self._adopt(record, record.pid)
         await asyncio.gather(*(self._egress_ready(live) for live in self._live.values()))
         swept = await asyncio.to_thread(self.backends.sweep, self.sandboxes_dir, set(self._live))
@@ -419,9 +423,15 @@ class SandboxService:
         """Every sandbox the engine knows, dead ones included."""
         return list(self._records.values())
 
-    def live(self, sandbox_id: str) -> Live:
-        """A running sandbox, or a clear error saying why it cannot be used."""
+    def live(self, sandbox_id: str, paused: bool = False) -> Live:
+        """A running sandbox (or, with ``paused``, a paused one too), or a clear error saying
+        why it cannot be used."""
         record = self.get(sandbox_id)
+        if record.status == PAUSED and not paused:
+            raise Conflict(
+                f"sandbox {sandbox_id} is paused: resume it first (POST /v1/sandboxes/"
+                f"{sandbox_id}/resume)"
+            )
         live = self._live.get(sandbox_id)
         if live is None or not live.instance.is_alive():
             reason = (
@@ -436,7 +446,7 @@ class SandboxService:
         record = self.get(sandbox_id)
         if record.persistent:
             raise BadRequest(f"sandbox {sandbox_id} is persistent: it holds no lease")
-        if record.status not in ("running", *HIBERNATED):  # a sleeper's holder keeps it
+        if record.status not in ("running", PAUSED, *HIBERNATED):  # a sleeper's holder keeps it
             raise Conflict(f"sandbox {sandbox_id} is not running: {record.error or record.status}")
         seconds = seconds or record.lease_seconds
         if seconds is None:

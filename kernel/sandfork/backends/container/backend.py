@@ -355,6 +355,7 @@ class ContainerBackend:
         )
         if not sandbox.is_alive():
             raise ContainerError(sandbox.failure_reason() or "it has ended")
+        await sandbox.thaw()  # one an earlier engine paused goes on, as a VM's adopt does
         await sandbox.agent.connect(timeout=10.0, alive=sandbox.is_alive)
         return sandbox
 

@@ -14,9 +14,11 @@ counted, and :meth:`Cgroup.kill` ends them all.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ _V1 = ("memory", "pids", "cpu", "freezer")
 _V2_NEEDED = {"memory", "pids"}
 CPU_WEIGHT = 25  # of 100 (v2; v1 shares scale it): sandboxes yield to the engine
 _REMOVE_WAIT_S = 5.0
+_FREEZE_WAIT_S = 30.0  # a group of thousands of tasks under load takes a while
 #: Tasks of a sandbox beyond its user work's (tini, the agent's and its kernels' threads):
 #: a container has one group for both, where a VM's guest gives user work groups of its own.
 AGENT_TASKS = 256
@@ -155,6 +158,22 @@ class Cgroup:
                     return int((directory / name).read_text())
         return 0
 
+    def freeze(self, frozen: bool) -> None:
+        """Freeze every process of the group where it is (or thaw them); returns once the
+        kernel says it is done."""
+        if self.hierarchy.v2 is not None:
+            _write(self.dirs[0] / "cgroup.freeze", "1" if frozen else "0")
+            events = self.dirs[0] / "cgroup.events"
+            done = f"frozen {int(frozen)}"
+            _wait_for(lambda: done in events.read_text().splitlines(), f"{events}: {done}")
+            return
+        freezer = self.hierarchy.v1.get("freezer")
+        if freezer is None:
+            raise OSError(errno.ENOTSUP, "this host has no freezer control group")
+        state, wanted = freezer / self.relative / "freezer.state", "FROZEN" if frozen else "THAWED"
+        _write(state, wanted)
+        _wait_for(lambda: state.read_text().strip() == wanted, f"{state}: {wanted}")
+
     def kill(self) -> None:
         """SIGKILL every process in the group (frozen first where v1 allows, so none forks
         meanwhile)."""
@@ -213,6 +232,14 @@ def _enable_v2(root: Path, relative: str) -> None:
     available = set((current / "cgroup.controllers").read_text().split())
     wanted = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in available)
     _write(current / "cgroup.subtree_control", wanted)
+
+
+def _wait_for(done: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + _FREEZE_WAIT_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the kernel did not get to {what} within {_FREEZE_WAIT_S:g} s")
+        time.sleep(0.005)
 
 
 def _write(path: Path, value: str) -> None:

@@ -167,6 +167,14 @@ class ContainerSandbox:
     async def resumed(self) -> None:
         """Nothing to refresh: a container shares the host's clock and entropy pool."""
 
+    async def freeze(self) -> None:
+        """Freeze its control group (the kernel stops every process in it)."""
+        await asyncio.to_thread(self.cgroup.freeze, True)
+
+    async def thaw(self) -> None:
+        """Thaw its group; it shares the host's clock, so nothing else is needed."""
+        await asyncio.to_thread(self.cgroup.freeze, False)
+
     # -- capture --------------------------------------------------------------------------
 
     async def snapshot(self, dest: Path, request: CaptureRequest) -> Captured:
@@ -242,6 +250,8 @@ class ContainerSandbox:
     async def destroy(self) -> None:
         """Stop the sandbox (its shim ends its processes), then delete its group and files."""
         await self.agent.close()
+        with contextlib.suppress(OSError, TimeoutError):  # a frozen v1 task ignores SIGKILL
+            await self.thaw()
         if self.is_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)

@@ -299,6 +299,15 @@ class Machine:
         entropy = base64.b64encode(os.urandom(64)).decode()
         await self.agent.request("sys.reseed", {"entropy": entropy})
 
+    async def freeze(self) -> None:
+        """Stop the VM's CPUs (QMP ``stop``)."""
+        await self.qmp("stop")
+
+    async def thaw(self) -> None:
+        """Start its CPUs again; the guest's clock stood still meanwhile: set it."""
+        await self.qmp("cont")
+        await self.resumed()
+
     async def destroy(self) -> None:
         """Stop the VM and delete its directory (sockets, logs) and RAM file."""
         await self.agent.close()

@@ -1,13 +1,15 @@
-"""``POST /v1/sandboxes/{id}/hibernate`` and ``/wake`` (PandaStack's shapes).
+"""``POST /v1/sandboxes/{id}/hibernate``, ``/wake`` and ``/pause`` (PandaStack's shapes).
 
 Hibernating captures the sandbox and stops its VM, freeing its memory; the sandbox keeps its
 id and shows ``"status": "hibernated"``. Any later request to it (exec, run_code, files, a
 kernel channel, a snapshot) wakes it from the capture first; ``/wake`` does so without one.
-Both answer with the sandbox and are idempotent.
+Both answer with the sandbox and are idempotent. ``/pause`` freezes the sandbox in place, its
+memory kept (:mod:`sandfork.engine.pausing`); ``/resume`` of a paused one lets it go on.
 """
 
 from __future__ import annotations
 
+from sandfork.engine import pausing
 from sandfork.engine.handlers.base import ApiHandler
 
 
@@ -24,4 +26,12 @@ class WakeHandler(ApiHandler):
 
     async def post(self, sandbox_id: str) -> None:
         record = await self.snapshots.wake(sandbox_id)
+        self.write_json(record.to_api())
+
+
+class PauseHandler(ApiHandler):
+    """``POST``: freeze the sandbox where it is, its memory kept (idempotent)."""
+
+    async def post(self, sandbox_id: str) -> None:
+        record = await pausing.pause(self.sandboxes, sandbox_id, self.config.hibernate_wait)
         self.write_json(record.to_api())

@@ -8,10 +8,11 @@ from typing import Any
 
 from tornado.http1connection import HTTP1Connection
 
-from sandfork.engine import exchange
+from sandfork.engine import exchange, pausing
 from sandfork.engine.errors import BadRequest
 from sandfork.engine.handlers.base import ApiHandler, field
 from sandfork.engine.handlers.validate import metadata_field, text_field
+from sandfork.engine.sandboxes import PAUSED
 from sandfork.engine.snapshots import MAX_ATTACHMENT_BYTES, check_attachment_name, check_name
 from sandfork.protocol import MAX_FORKS
 
@@ -135,9 +136,17 @@ class CheckpointsHandler(ApiHandler):
 
 class ResumeHandler(ApiHandler):
     """``POST {"name"?}``: a new sandbox from the latest (or named) checkpoint, plus the
-    calls before it for the client's replay cache. Works for killed sandboxes too."""
+    calls before it for the client's replay cache. Works for killed sandboxes too.
+
+    A paused sandbox (PandaStack's ``resume`` after ``pause``) goes on instead: 200, the same
+    sandbox and nothing to replay.
+    """
 
     async def post(self, sandbox_id: str) -> None:
+        if self.sandboxes.get(sandbox_id).status == PAUSED:
+            record = await pausing.unpause(self.sandboxes, sandbox_id)
+            self.write_json({"sandbox": record.to_api(), "replay": []})
+            return
         record, replay = await self.snapshots.resume(sandbox_id, name_field(self.json_body()))
         self.write_json({"sandbox": record.to_api(), "replay": replay}, 201)
 
