@@ -45,6 +45,7 @@ OPERATIONS: dict[str, Operation] = {
     "wake.resumed": _hibernate_then_wake,
     "fork.captured": lambda sb, snap: sb.fork(),
     "promote.killed": lambda sb, snap: sb.fork().promote(),
+    "pause.frozen": lambda sb, snap: sb.client.request("POST", f"/sandboxes/{sb.id}/pause"),
     "kill.destroyed": lambda sb, snap: sb.kill(),
 }
 
@@ -85,7 +86,7 @@ def test_engine_killed_inside_an_operation(own_engine: EngineProcess, point: str
     check_engine(own_engine, {first: digest})
     # What was being worked on carries on with its data (the sandbox, woken if it was
     # waking; the promoted child, its parent being gone), and its next snapshot restores
-    # (checked above). A sandbox killed or not yet started is gone.
+    # (checked above). A sandbox killed or not yet started is gone; one frozen for a pause runs.
     running = [s for s in Sandbox.list(client=client) if s.status == "running"]
     expected = {
         "kill.destroyed": [],

@@ -24,6 +24,7 @@ CRASH_POINTS = (
     "wake.resumed",  # a woken sandbox's VM runs again, its hibernation capture still listed
     "fork.captured",  # the fork's capture is listed (hidden), no child started yet
     "promote.killed",  # a promoted child's parent is killed, the child still names it
+    "pause.frozen",  # a pausing sandbox is frozen, its record still says running
     "kill.destroyed",  # the VM is gone, the sandbox is still listed
 )
 

@@ -12,6 +12,7 @@ paused sandbox go on: the backends' adopt does.
 
 from __future__ import annotations
 
+from sandfork.crashpoints import crash_point
 from sandfork.engine.db import SandboxRecord
 from sandfork.engine.sandboxes import PAUSED, SandboxService
 
@@ -29,6 +30,7 @@ async def pause(sandboxes: SandboxService, sandbox_id: str, wait: float) -> Sand
         record = sandboxes.get(sandbox_id)
         if record.status != PAUSED:
             await sandboxes.live(sandbox_id).instance.freeze()
+            crash_point("pause.frozen")
             record.status = PAUSED
             sandboxes.save(record)
         return record
