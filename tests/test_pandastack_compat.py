@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,3 +188,38 @@ def test_pandastack_pause_keeps_the_memory_and_resume_goes_on(
     finally:
         sandbox.kill()  # paused: a kill still ends it
     assert sandbox.id not in [s.id for s in ps_client.sandboxes.list()]
+
+
+def test_pandastack_logs_are_the_console_and_follow_it(
+    ps_client: pandastack.Client, engine: EngineProcess
+) -> None:
+    """``logs()``: the agent's lines on the sandbox's console; ``follow`` streams new ones (a
+    kernel started meanwhile says so)."""
+    sandbox = pandastack.Sandbox.create(template="code-interpreter")
+    try:
+        assert any("egress session" in line for line in sandbox.logs())
+        seen: list[str] = []
+        opened = threading.Event()
+
+        def watch() -> None:
+            lines = sandbox.logs(follow=True)
+            for line in lines:
+                seen.append(line)
+                opened.set()  # the stream is open: its first lines came
+                if "started (pid" in line and "kernel default" not in line:
+                    break
+            lines.close()  # type: ignore[attr-defined]
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        assert opened.wait(120)
+        context = engine.client().request(
+            "POST", f"/sandboxes/{sandbox.id}/repl/sessions", json={"isolated": True}
+        )  # a kernel of its own: the agent says it started
+        watcher.join(120)
+        assert not watcher.is_alive(), seen[-5:]
+        assert f"kernel {context['id']}" in seen[-1], seen[-5:]
+        with pytest.raises(pandastack.BadRequestError, match="stream must be one of"):
+            list(sandbox.logs(stream="nope"))
+    finally:
+        sandbox.kill()

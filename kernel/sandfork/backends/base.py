@@ -137,6 +137,9 @@ class Instance(Protocol):
         """Called once a restored sandbox runs: refresh what its capture froze (clock,
         entropy) where the sandbox does not share them with the host."""
 
+    def console_path(self) -> Path:
+        """The file the sandbox's console is written to (cut by the backend as it grows)."""
+
     async def freeze(self) -> None:
         """Stop every process of the sandbox where it is, its memory kept, until :meth:`thaw`
         (a backend's adopt lets a frozen sandbox go on)."""

@@ -282,6 +282,9 @@ class FakeInstance:
         await self.agent.request("sys.set_time", {"epoch_ns": time.time_ns()})
         await self.agent.request("sys.reseed", {"entropy": base64.b64encode(b"0" * 32).decode()})
 
+    def console_path(self) -> Path:
+        return self._directory / "console.log"  # never written: a fake guest says nothing
+
     async def freeze(self) -> None:
         self.guest.frozen = True
 

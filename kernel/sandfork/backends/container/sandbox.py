@@ -167,6 +167,10 @@ class ContainerSandbox:
     async def resumed(self) -> None:
         """Nothing to refresh: a container shares the host's clock and entropy pool."""
 
+    def console_path(self) -> Path:
+        """What its processes write on their stderr outside any request (the shim keeps it)."""
+        return self.dir / CONSOLE
+
     async def freeze(self) -> None:
         """Freeze its control group (the kernel stops every process in it)."""
         await asyncio.to_thread(self.cgroup.freeze, True)

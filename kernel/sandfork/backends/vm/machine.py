@@ -299,6 +299,10 @@ class Machine:
         entropy = base64.b64encode(os.urandom(64)).decode()
         await self.agent.request("sys.reseed", {"entropy": entropy})
 
+    def console_path(self) -> Path:
+        """The guest's serial console."""
+        return self.layout.console_log
+
     async def freeze(self) -> None:
         """Stop the VM's CPUs (QMP ``stop``)."""
         await self.qmp("stop")
