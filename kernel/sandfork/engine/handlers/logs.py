@@ -24,10 +24,11 @@ class LogsHandler(ApiHandler):
     async def get(self, sandbox_id: str) -> None:
         stream = self.get_query_argument("stream", "both")
         follow = self.get_query_argument("follow", "false")
+        follow = {"1": "true", "0": "false"}.get(follow, follow)  # @pandastack/sdk sends 1/0
         if stream not in _STREAMS:
             raise BadRequest(f"stream must be one of {', '.join(_STREAMS)}, not {stream[:32]!r}")
         if follow not in ("true", "false"):
-            raise BadRequest(f"follow must be true or false, not {follow[:32]!r}")
+            raise BadRequest(f"follow must be true or false (or 1 or 0), not {follow[:32]!r}")
         instance = self.sandboxes.live(sandbox_id, paused=True).instance
         path = instance.console_path()
         lines, offset = console.tail(path)

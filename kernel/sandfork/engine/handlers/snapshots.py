@@ -9,7 +9,7 @@ from typing import Any
 from tornado.http1connection import HTTP1Connection
 
 from sandfork.engine import exchange, pausing
-from sandfork.engine.errors import BadRequest
+from sandfork.engine.errors import BadRequest, NotFound
 from sandfork.engine.handlers.base import ApiHandler, field
 from sandfork.engine.handlers.validate import metadata_field, text_field
 from sandfork.engine.sandboxes import PAUSED
@@ -143,7 +143,11 @@ class ResumeHandler(ApiHandler):
     """
 
     async def post(self, sandbox_id: str) -> None:
-        if self.sandboxes.get(sandbox_id).status == PAUSED:
+        try:
+            paused = self.sandboxes.get(sandbox_id).status == PAUSED
+        except NotFound:  # killed: its checkpoints are still there
+            paused = False
+        if paused:
             record = await pausing.unpause(self.sandboxes, sandbox_id)
             self.write_json({"sandbox": record.to_api(), "replay": []})
             return
