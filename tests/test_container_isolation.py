@@ -143,6 +143,17 @@ def _own_addresses() -> list[str]:
     return sorted(found)
 
 
+_SERVED = """
+import time, urllib.request
+while True:  # until the server started in the background answers (the exec's timeout bounds it)
+    try:
+        print(urllib.request.urlopen("http://127.0.0.1:8123/").status)
+        break
+    except OSError:
+        time.sleep(0.1)
+"""
+
+
 def test_the_host_the_engine_and_other_sandboxes_are_unreachable(
     sandbox: Sandbox, neighbour: Sandbox, engine: EngineProcess
 ) -> None:
@@ -151,6 +162,8 @@ def test_the_host_the_engine_and_other_sandboxes_are_unreachable(
         neighbour.exec(
             "nohup python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &", check=True
         )
+        # The server must be listening before the probe, or "refused" would prove nothing.
+        _python(neighbour, _SERVED)
         engine_port = int(engine.url.rsplit(":", 1)[1])
         targets = [(listener.sock.getsockname()[0], listener.port) for listener in listeners]
         targets += [("127.0.0.1", engine_port), ("127.0.0.1", 8123)]
@@ -168,10 +181,7 @@ def test_the_host_the_engine_and_other_sandboxes_are_unreachable(
         out = _python(sandbox, probe)
         assert "CONNECTED" not in out, out
         assert all(listener.accepted == 0 for listener in listeners)
-        served = neighbour.exec(
-            "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8123/').status)\""
-        )
-        assert served.stdout.strip() == "200", "the neighbour's own server must work for it"
+        assert _python(neighbour, _SERVED).strip() == "200", "the neighbour's server works for it"
     finally:
         for listener in listeners:
             listener.close()
