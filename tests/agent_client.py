@@ -223,6 +223,7 @@ class AgentClient:
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._events: dict[int, list[tuple[float, Frame]]] = {}
         self.unsolicited: list[Frame] = []
+        self.dropped: list[bytes] = []  # lines that were not frames
         self._new_unsolicited = asyncio.Event()
         self.session = uuid.uuid4().hex
         self._task = asyncio.create_task(self._read_loop())
@@ -244,7 +245,13 @@ class AgentClient:
 
     async def _read_loop(self) -> None:
         while line := await self._reader.readline():
-            frame = json.loads(line)
+            try:
+                frame = json.loads(line)
+            except ValueError:
+                # The tail of a frame the agent was writing when an earlier host went (the
+                # protocol's one unparsable line after a reconnect): dropped, as the engine does.
+                self.dropped.append(line[:200])
+                continue
             now = time.monotonic()
             rid = frame.get("id")
             if rid is None:

@@ -622,3 +622,27 @@ async def test_many_events_in_flight(client: AgentClient) -> None:
 def test_agent_log_is_clean(agent: AgentProcess) -> None:
     log = agent.log()
     assert "Traceback" not in log, log
+
+
+@pytest.mark.asyncio
+async def test_ports_lists_servers_but_not_the_kernels_own_listeners(
+    client: AgentClient, agent: AgentProcess
+) -> None:
+    """The agent runs on the host here: its listing is the host's listeners, less its own and
+    its kernels'. A server started in a cell is listed; the kernel's IOPub pipe is not."""
+    pid = await kernel_pid(client, agent, DEFAULT)
+    from sandfork.agent.ports import listened_by
+
+    own = listened_by(pid)
+    assert own, "ipykernel's IOPub pipe listens on a loopback port"
+    served = await client.execute(
+        DEFAULT,
+        "import socket\n_server = socket.socket()\n_server.bind(('127.0.0.1', 0))\n"
+        "_server.listen()\n_server.getsockname()[1]",
+    )
+    assert served.text is not None, served.iopub
+    listed = (await client.request("ports"))["ports"]
+    assert int(served.text) in listed
+    assert not own & set(listed), (own, listed)
+    assert listed == sorted(listed)
+    await client.execute(DEFAULT, "_server.close()")

@@ -34,6 +34,7 @@ _PLACEHOLDERS = {
     "(snap_[0-9a-f]{16})": "snap_0123456789abcdef",
     "([A-Za-z0-9_-]{1,64})": "default",
     "([^/]+)": "notebook.ipynb",
+    "/?(.*)": "/index.html",  # a path below a sandbox's port
 }
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _WRONG_KEYS = [

@@ -31,10 +31,14 @@ BIG = 16 * 2**20  # bytes of the large download: many windows' worth, and more t
 BODY = bytes(range(256)) * (BIG // 256)
 
 
+def serving_origin() -> OriginServer:
+    """``/big`` is :data:`BIG` bytes, anything else ``ok``."""
+    return OriginServer(lambda path: BODY if path == "/big" else b"ok")
+
+
 @pytest.fixture(scope="module")
 def origin() -> Iterator[OriginServer]:
-    """``/big`` is :data:`BIG` bytes, anything else ``ok``."""
-    server = OriginServer(lambda path: BODY if path == "/big" else b"ok")
+    server = serving_origin()
     yield server
     server.close()
 
@@ -57,6 +61,13 @@ class Guest:
 
 @pytest.fixture
 def guest(tmp_path: Path) -> Iterator[Guest]:
+    with running_guest(tmp_path) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def running_guest(tmp_path: Path) -> Iterator[Guest]:
+    """The real agent, run on the host, with its egress relay up."""
     path = tmp_path / "egress.sock"
     agent = AgentProcess(
         tmp_path,
@@ -228,14 +239,16 @@ class RawGuest:
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_unix_connection(str(self.path))
 
-    async def session(self) -> tuple[Decoder, asyncio.StreamReader, asyncio.StreamWriter, int]:
-        """Accept the tunnel's next connection and answer its HELLO: (decoder, reader,
-        writer, the cap the engine announced)."""
+    async def session(
+        self, features: int = 0
+    ) -> tuple[Decoder, asyncio.StreamReader, asyncio.StreamWriter, int]:
+        """Accept the tunnel's next connection and answer its HELLO (saying ``features``):
+        (decoder, reader, writer, the cap the engine announced)."""
         reader, writer = await asyncio.wait_for(self.connections.get(), 60)
         decoder = Decoder(channel.hello_prefix())
         frames = await read_frames(decoder, reader, 1)
         session, cap = frames[0].hello()
-        writer.write(channel.hello(session, 0))
+        writer.write(channel.hello(session, features))
         return decoder, reader, writer, cap
 
 
@@ -251,6 +264,13 @@ async def read_frames(decoder: Decoder, reader: asyncio.StreamReader, count: int
 
 @pytest_asyncio.fixture
 async def raw_guest(tmp_path: Path) -> AsyncIterator[RawGuest]:
+    async with serving_raw_guest(tmp_path) as raw:
+        yield raw
+
+
+@contextlib.asynccontextmanager
+async def serving_raw_guest(tmp_path: Path) -> AsyncIterator[RawGuest]:
+    """A :class:`RawGuest` listening on a socket in ``tmp_path``."""
     guest = RawGuest(tmp_path / "raw.sock")
     await guest.start()
     yield guest

@@ -38,6 +38,7 @@ SNAP = "snap_0123456789abcdef"
 # beyond its own on `sandfork` (GET: read, others: write).
 ENDPOINTS: list[tuple[str, str, Any, tuple[str, ...]]] = [
     ("GET", "sandfork/api/kernels/k1", None, ("kernels",)),
+    ("GET", "sandfork/api/kernels/k1/ports", None, ("kernels",)),
     ("GET", "sandfork/api/snapshots", None, ("kernels", "sessions")),
     ("POST", "sandfork/api/snapshots", {}, ("kernels",)),
     ("PATCH", f"sandfork/api/snapshots/{SNAP}", {"name": "n"}, ()),

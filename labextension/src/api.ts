@@ -140,6 +140,17 @@ export interface INotebookState {
   notebook: nbformat.INotebookContent;
 }
 
+/** A server listening in a kernel's sandbox, and where this Jupyter server serves it. */
+export interface IPort {
+  port: number;
+  url: string;
+}
+
+export interface IKernelPorts {
+  sandbox_id: string;
+  ports: IPort[];
+}
+
 /** A failed call, with the server's message (meant to be shown as is). */
 export class ApiError extends Error {
   constructor(
@@ -178,6 +189,10 @@ export function getServerConfig(): Promise<IServerConfig> {
 
 export function getKernelSandbox(kernelId: string): Promise<IKernelSandbox> {
   return request(`kernels/${quote(kernelId)}`);
+}
+
+export function getKernelPorts(kernelId: string): Promise<IKernelPorts> {
+  return request(`kernels/${quote(kernelId)}/ports`);
 }
 
 export function listSnapshots(): Promise<IListing> {

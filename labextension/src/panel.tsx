@@ -4,7 +4,7 @@ import { ReactWidget, ToolbarButtonComponent, refreshIcon } from '@jupyterlab/ui
 import * as React from 'react';
 
 import { SandforkActions } from './actions';
-import { IKernelSandbox, IListing, listSnapshots } from './api';
+import { IKernelSandbox, IListing, IPort, getKernelPorts, listSnapshots } from './api';
 import { Details } from './details';
 import { LineageEvents } from './events';
 import { LineageGraph } from './graph';
@@ -13,6 +13,7 @@ import { InventoryCache } from './inspector';
 import { SandforkKernels } from './kernel';
 import { historyOf, layOut } from './layout';
 import { Lineage, LineageNode } from './lineage';
+import { Ports } from './ports';
 import { errorMessage } from './progress';
 import { KernelRewind } from './rewind';
 import { KernelSandboxes } from './sandboxes';
@@ -28,10 +29,12 @@ export interface ISnapshotsPanelOptions {
   events: LineageEvents;
 }
 
-/** The current notebook, and where its kernel is. */
+/** The current notebook, where its kernel is, and the servers listening there. */
 interface ICurrent {
   path: string;
   kernel: IKernelSandbox | null;
+  ports: IPort[] | null;
+  portsError: string | null;
 }
 
 /**
@@ -110,6 +113,9 @@ export class SnapshotsPanel extends ReactWidget {
         </div>
         {this._error && <div className="sandfork-SnapshotsPanel-error">{this._error}</div>}
         {this.renderHistory()}
+        {this._current?.kernel && (
+          <Ports ports={this._current.ports} error={this._current.portsError} />
+        )}
         <h3 className="sandfork-SnapshotsPanel-section">All snapshots</h3>
         {this._tree.length === 0 && !this._error && (
           <p className="sandfork-SnapshotsPanel-empty">
@@ -216,11 +222,19 @@ export class SnapshotsPanel extends ReactWidget {
     if (panel === null || kernelId === null) {
       return null;
     }
+    const path = panel.context.path;
+    let kernel: IKernelSandbox;
     try {
-      return { path: panel.context.path, kernel: await this.options.sandboxes.get(kernelId) };
+      kernel = await this.options.sandboxes.get(kernelId);
     } catch {
       // Not attached yet, or gone: its history shows without a current position.
-      return { path: panel.context.path, kernel: null };
+      return { path, kernel: null, ports: null, portsError: null };
+    }
+    try {
+      const { ports } = await getKernelPorts(kernelId);
+      return { path, kernel, ports, portsError: null };
+    } catch (error) {
+      return { path, kernel, ports: null, portsError: errorMessage(error) };
     }
   }
 

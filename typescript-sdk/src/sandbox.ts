@@ -298,6 +298,27 @@ export class Sandbox {
     return this;
   }
 
+  /** The ports a server listens on in the sandbox now. */
+  async ports(): Promise<number[]> {
+    const data = await this.client.request<{ ports: { port: number }[] }>(
+      "GET",
+      `/sandboxes/${this.id}/ports`,
+    );
+    return data.ports.map((entry) => entry.port);
+  }
+
+  /**
+   * Where the server listening on `port` in the sandbox answers: the engine's port proxy,
+   * which wants the API key like every endpoint (`Authorization: Bearer`).
+   */
+  async previewUrl(port: number): Promise<string> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) {
+      throw new RangeError(`port must be 1-65535, not ${port}`);
+    }
+    const { baseUrl } = await this.client.connect();
+    return `${baseUrl}/v1/sandboxes/${this.id}/ports/${port}/`;
+  }
+
   /**
    * Capture the sandbox and stop its VM, freeing its memory; the next call to it (or `wake`)
    * resumes it from the capture, under the same id.

@@ -146,3 +146,21 @@ test("logs (not followed): the sandbox's console lines, its egress session among
     await killAll(sandbox);
   }
 });
+
+test("previewUrls: the ports a server listens on in the sandbox, one URL each", async () => {
+  const sandbox = await Sandbox.create({ template: TEMPLATE }, client);
+  try {
+    assert.deepEqual(await sandbox.previewUrls(), {});
+    await sandbox.exec("nohup python3 -m http.server 8000 >/dev/null 2>&1 &");
+    let urls = {};
+    for (let tries = 0; !("8000" in urls); tries++) {
+      assert.ok(tries < 600, "port 8000 never listened"); // a bound for a hang
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      urls = await sandbox.previewUrls();
+    }
+    assert.deepEqual(Object.keys(urls), ["8000"]);
+    assert.equal(urls[8000], sandbox.previewUrl(8000));
+  } finally {
+    await killAll(sandbox);
+  }
+});

@@ -25,18 +25,26 @@ TO_HOST_WINDOW = 128 * 1024
 """Bytes the guest may send on one stream before the engine grants more: what the engine
 buffers per stream at most (it has many sandboxes' streams to hold)."""
 
-HELLO = 0  # stream 0: MAGIC, an 8-byte session id, then u32 (host: its stream cap; guest: 0)
-OPEN = 1  # guest -> host: a new stream (a connection accepted in the guest)
+HELLO = 0  # stream 0: MAGIC, an 8-byte session id, then u32 (host: its stream cap; guest: FEATURES)
+OPEN = 1  # guest -> host: a new stream (a connection accepted in the guest), or CONNECT's answer
 DATA = 2  # payload: 1 to MAX_PAYLOAD bytes of the stream, counted against the window
 EOF = 3  # the sender sends no more data on the stream (TCP half-close)
 CLOSE = 4  # the stream is gone; data for a stream the receiver does not know gets a CLOSE
 CREDIT = 5  # payload: u32, bytes the sender consumed; the other side may send that many more
-KINDS = frozenset({HELLO, OPEN, DATA, EOF, CLOSE, CREDIT})
+CONNECT = 6  # host -> guest: a stream to the guest's loopback port (u16); answered OPEN or CLOSE
+KINDS = frozenset({HELLO, OPEN, DATA, EOF, CLOSE, CREDIT, CONNECT})
+
+HOST_STREAM = 0x80000000
+"""The bit of every stream id the host opens (``CONNECT``); the guest's ids never have it."""
+FEATURE_CONNECT = 1
+"""A bit of the guest's ``HELLO`` number: it answers ``CONNECT`` (an older agent's is 0)."""
+FEATURES = FEATURE_CONNECT
 
 MAGIC = b"SFKEGRS1"
 _HELLO_BODY = struct.Struct(">8sQI")
 _U32 = struct.Struct(">I")
-_FIXED = {HELLO: _HELLO_BODY.size, OPEN: 0, EOF: 0, CLOSE: 0, CREDIT: _U32.size}
+_PORT = struct.Struct(">H")
+_FIXED = {HELLO: _HELLO_BODY.size, OPEN: 0, EOF: 0, CLOSE: 0, CREDIT: _U32.size, CONNECT: 2}
 
 
 class FrameError(ValueError):
@@ -57,6 +65,12 @@ class Frame:
         value: int = _U32.unpack(self.payload)[0]
         return value
 
+    @property
+    def port(self) -> int:
+        """The port of a ``CONNECT`` frame."""
+        value: int = _PORT.unpack(self.payload)[0]
+        return value
+
     def hello(self) -> tuple[int, int]:
         """(session id, number) of a ``HELLO`` frame."""
         magic, session, number = _HELLO_BODY.unpack(self.payload)
@@ -73,6 +87,11 @@ def pack(stream: int, kind: int, payload: bytes = b"") -> bytes:
 def credit(stream: int, count: int) -> bytes:
     """A ``CREDIT`` frame granting ``count`` more bytes on ``stream``."""
     return pack(stream, CREDIT, _U32.pack(count))
+
+
+def connect(stream: int, port: int) -> bytes:
+    """A ``CONNECT`` frame opening ``stream`` to the guest's ``port``."""
+    return pack(stream, CONNECT, _PORT.pack(port))
 
 
 def hello(session: int, number: int) -> bytes:

@@ -87,6 +87,10 @@ class ContextRegistry:
         except KeyError:
             raise AgentError("NotFound", f"no context {context_id!r}") from None
 
+    def kernel_ports(self) -> frozenset[int]:
+        """The ports the kernels listen on themselves (not their users' servers)."""
+        return frozenset().union(*(c.kernel.own_ports for c in self._contexts.values() if c.kernel))
+
     def describe_all(self) -> list[Frame]:
         """Descriptions of all contexts."""
         return [ctx.describe() for ctx in self._contexts.values()]

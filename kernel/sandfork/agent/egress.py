@@ -2,7 +2,9 @@
 
 Every connection accepted there becomes a stream over one byte channel to the engine (the
 ``sandfork.egress`` virtio port in a VM; see :mod:`.channel` for the framing), where the
-engine's proxy serves it. Nothing here interprets HTTP: the engine decides where a stream
+engine's proxy serves it. The other way, the engine's port proxy opens streams (``CONNECT``)
+to a port of the guest's loopback: a server the sandbox runs, reached from the host without
+the guest reaching anything. Nothing here interprets HTTP: the engine decides where a stream
 may go. The guest only refuses locally, with a ``503``, what the engine would refuse anyway:
 connections while no engine is connected, and connections past the engine's stream cap
 (which the engine announces in its ``HELLO`` and enforces itself too).
@@ -21,10 +23,13 @@ from typing import Any
 
 from .channel import (
     CLOSE,
+    CONNECT,
     CREDIT,
     DATA,
     EOF,
+    FEATURES,
     HELLO,
+    HOST_STREAM,
     MAX_PAYLOAD,
     OPEN,
     TO_GUEST_WINDOW,
@@ -50,6 +55,8 @@ _BACKLOG_HIGH = 1 << 20
 # may lose the answer (a 503) it was just sent. At most _MAX_LINGERING linger at once.
 _LINGER_S = 2.0
 _MAX_LINGERING = 256
+_CONNECT_S = 10.0  # connecting to a port of the guest's own loopback
+_LOOPBACK = ("127.0.0.1", "::1")
 
 
 class EgressRelay:
@@ -69,6 +76,7 @@ class EgressRelay:
         self._writable.set()
         self._server: asyncio.Server | None = None
         self._lingering: set[asyncio.Task[None]] = set()
+        self._connecting: dict[int, asyncio.Task[None]] = {}
 
     async def start(self) -> None:
         """Listen on :attr:`address` and start serving the channel."""
@@ -133,7 +141,9 @@ class EgressRelay:
                 self.transport.discard_output()  # frames of the old session
                 self._session, self._max_streams = session, cap
                 log.info("egress session %016x (at most %d streams)", session, cap)
-            self.send(hello(session, 0))
+            self.send(hello(session, FEATURES))
+        elif frame.kind == CONNECT:
+            self._connect(frame.stream, frame.port)
         elif (stream := self._streams.get(frame.stream)) is not None:
             stream.on_frame(frame)
         # Anything for a stream this side no longer has is dropped: a CLOSE is never answered.
@@ -144,6 +154,9 @@ class EgressRelay:
         self._close_streams()
 
     def _close_streams(self) -> None:
+        for task in self._connecting.values():
+            task.cancel()
+        self._connecting.clear()
         for stream in list(self._streams.values()):
             stream.abort()
         self._streams.clear()
@@ -176,8 +189,43 @@ class EgressRelay:
             return
         stream_id = self._last_id
         while stream_id == self._last_id or stream_id == 0 or stream_id in self._streams:
-            stream_id = (stream_id + 1) & 0xFFFFFFFF
+            stream_id = (stream_id + 1) & (HOST_STREAM - 1)
         self._last_id = stream_id
+        stream = _LocalStream(self, stream_id, reader, writer)
+        self._streams[stream_id] = stream
+        self.send(pack(stream_id, OPEN))
+        stream.start()
+
+    def _connect(self, stream_id: int, port: int) -> None:
+        """The host opens a stream to ``port`` of the guest's loopback: ``OPEN`` once
+        connected, ``CLOSE`` when nothing listens there (or the stream cannot be)."""
+        busy = len(self._streams) + len(self._connecting) >= self._max_streams
+        taken = stream_id in self._streams or stream_id in self._connecting
+        if self._session is None or not stream_id & HOST_STREAM or taken or busy or not port:
+            self.send(pack(stream_id, CLOSE))
+            return
+        task = asyncio.create_task(self._open_local(stream_id, port, self._session))
+        self._connecting[stream_id] = task
+        task.add_done_callback(lambda done: self._connected(stream_id, done))
+
+    def _connected(self, stream_id: int, task: asyncio.Task[None]) -> None:
+        if self._connecting.get(stream_id) is task:
+            del self._connecting[stream_id]
+
+    async def _open_local(self, stream_id: int, port: int, session: int) -> None:
+        for host in _LOOPBACK:
+            try:
+                opening = asyncio.open_connection(host, port)
+                reader, writer = await asyncio.wait_for(opening, _CONNECT_S)
+                break
+            except (OSError, TimeoutError) as e:
+                log.info("stream %d: cannot connect to %s port %d (%s)", stream_id, host, port, e)
+        else:
+            self.send(pack(stream_id, CLOSE))
+            return
+        if self._session != session:
+            writer.close()
+            return
         stream = _LocalStream(self, stream_id, reader, writer)
         self._streams[stream_id] = stream
         self.send(pack(stream_id, OPEN))

@@ -24,6 +24,7 @@ import zmq.asyncio
 from jupyter_client.connect import write_connection_file
 from jupyter_client.session import Session
 
+from . import ports
 from .cgroup import Cgroup
 from .protocol import AgentError, Frame, b64decode, b64encode
 from .system import child_env, reset_oom_score, work_dir
@@ -92,6 +93,7 @@ class KernelProcess:
         self._probe_ids: set[str] = set()
         self._probe_replies: dict[str, asyncio.Future[None]] = {}
         self._iopub_seen = asyncio.Event()
+        self.own_ports: frozenset[int] = frozenset()  # its own listeners, once it is ready
 
     @property
     def alive(self) -> bool:
@@ -181,6 +183,7 @@ class KernelProcess:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._iopub_seen.wait(), _IOPUB_SETTLE_S)
                 if self._iopub_seen.is_set():
+                    self.own_ports = ports.listened_by(pid) if pid is not None else frozenset()
                     return
             now, seen = loop.time(), _cpu_ticks(pid)
             if seen != ticks:

@@ -9,7 +9,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from . import __version__, files, system
+from . import __version__, files, ports, system
 from .contexts import ContextRegistry
 from .egress import EgressRelay
 from .exec import DEFAULT_MAX_OUTPUT, run_command
@@ -77,6 +77,7 @@ class Agent:
             "ctx.shutdown": self._ctx_shutdown,
             "sys.set_time": self._sys_set_time,
             "sys.reseed": self._sys_reseed,
+            "ports": self._ports,
         }
 
     def emit(self, frame: Frame) -> None:
@@ -125,6 +126,9 @@ class Agent:
             "uptime_s": system.uptime_s(),
             "pid": os.getpid(),
         }
+
+    async def _ports(self, req: Request) -> Frame:
+        return {"ports": ports.servers(self.contexts.kernel_ports())}
 
     async def _exec(self, req: Request) -> Frame:
         args = req.args

@@ -34,6 +34,7 @@ from sandfork.engine.handlers.hibernation import HibernateHandler, PauseHandler,
 from sandfork.engine.handlers.leases import LeaseHandler, LifecycleHandler
 from sandfork.engine.handlers.lineage import PromoteHandler
 from sandfork.engine.handlers.logs import LogsHandler
+from sandfork.engine.handlers.ports import PortProxyHandler, PortsHandler
 from sandfork.engine.handlers.repl import (
     InterruptHandler,
     RestartHandler,
@@ -98,6 +99,8 @@ def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> we
         (rf"/v1/sandboxes/{_SBX}/wake", WakeHandler),
         (rf"/v1/sandboxes/{_SBX}/pause", PauseHandler),
         (rf"/v1/sandboxes/{_SBX}/logs", LogsHandler),
+        (rf"/v1/sandboxes/{_SBX}/ports", PortsHandler),
+        (rf"/v1/sandboxes/{_SBX}/ports/([^/]+)/?(.*)", PortProxyHandler),
         (rf"/v1/sandboxes/{_SBX}/fs", FileHandler),
         (rf"/v1/sandboxes/{_SBX}/fs/dir", DirHandler),
         (rf"/v1/sandboxes/{_SBX}/fs/stat", StatHandler),

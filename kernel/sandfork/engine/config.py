@@ -127,6 +127,11 @@ class EngineConfig(LoggingConfigurable):
     max_request_bytes = Int(
         2**20, help="Largest JSON request body; a larger one is answered with 413."
     ).tag(config=True)
+    max_port_request_bytes = Int(
+        64 * 2**20,
+        help="Largest request body the port proxy relays to a server in a sandbox (it is held "
+        "in memory until sent); a larger one is answered with 413.",
+    ).tag(config=True)
     max_file_bytes = Int(
         32 * 2**20,
         help="Largest file the files API writes or reads in one request (larger reads: "

@@ -16,10 +16,10 @@ import contextlib
 import ipaddress
 import logging
 import socket
-from typing import Protocol
 from urllib.parse import urlsplit
 
 from sandfork.agent.channel import http_error
+from sandfork.byte_streams import Incoming, Outgoing
 from sandfork.engine.egress_policy import Policy, refusal
 
 log = logging.getLogger(__name__)
@@ -29,35 +29,6 @@ HEAD_LIMIT = 64 * 1024
 _HEAD_TIMEOUT_S = 30.0
 _CONNECT_TIMEOUT_S = 15.0
 _HOP_BY_HOP = {"proxy-connection", "proxy-authorization", "connection", "keep-alive"}
-
-
-class Incoming(Protocol):
-    """The reading half of a connection (an ``asyncio.StreamReader`` is one)."""
-
-    async def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes; ``b""`` at the end."""
-
-    async def readuntil(self, separator: bytes = b"\n") -> bytes:
-        """Bytes up to and including ``separator`` (``asyncio``'s errors when it cannot)."""
-
-
-class Outgoing(Protocol):
-    """The writing half of a connection (an ``asyncio.StreamWriter`` is one)."""
-
-    def write(self, data: bytes) -> None:
-        """Queue ``data``."""
-
-    async def drain(self) -> None:
-        """Wait until the queue is low enough to write more."""
-
-    def can_write_eof(self) -> bool:
-        """True when :meth:`write_eof` is supported."""
-
-    def write_eof(self) -> None:
-        """Half-close after the queued data."""
-
-    def close(self) -> None:
-        """Close after the queued data."""
 
 
 class ProxyError(Exception):

@@ -9,6 +9,9 @@ process and no file descriptor: only the upstream connections the proxy opens, a
 ``max_streams`` per sandbox and :class:`StreamBudget`'s limit in all; a stream past either
 cap is answered ``503`` and closed at once.
 
+The other way, :meth:`EgressTunnel.connect` opens a stream to a port of the guest's loopback
+(``CONNECT``, for the port proxy): only the host opens those, and only to the port asked for.
+
 The tunnel knows nothing of QEMU: it is handed a coroutine that opens the channel.
 """
 
@@ -26,11 +29,14 @@ from sandfork.agent.channel import (
     CREDIT,
     DATA,
     EOF,
+    FEATURE_CONNECT,
     HELLO,
+    HOST_STREAM,
     OPEN,
     Decoder,
     Frame,
     FrameError,
+    connect,
     hello,
     hello_prefix,
     http_error,
@@ -48,6 +54,10 @@ Opener = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter
 _HELLO_REPEAT_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 _RETRY_S = (0.02, 1.0)  # reconnect delay: first, and most after repeated failures
 _READ_SIZE = 1 << 16
+
+
+class PortUnreachable(Exception):
+    """A stream to a port of the guest could not be opened; the message says why."""
 
 
 class StreamBudget:
@@ -85,9 +95,13 @@ class EgressTunnel:
         self._proxy = proxy
         self._budget = budget
         self.max_streams = max_streams
-        self._streams: dict[int, tuple[TunnelStream, asyncio.Task[None]]] = {}
+        # A guest's stream has the task serving it; a host's, the future of the guest's answer.
+        self._streams: dict[int, tuple[TunnelStream, asyncio.Future[None]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._writer: asyncio.StreamWriter | None = None  # the session's, once it is up
+        self._features = 0  # what the guest's agent said it can do (its HELLO)
+        self._next_host_id = 0
         self.sessions = 0  # sessions established so far (a new one after each reconnect)
         self.refused = 0  # streams refused at a cap so far
 
@@ -106,6 +120,35 @@ class EgressTunnel:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ready.wait(), timeout)
         return self._ready.is_set()
+
+    async def connect(self, port: int) -> TunnelStream:
+        """A stream to ``port`` of the guest's loopback (what a server there answers), once
+        the guest connected it; :class:`PortUnreachable` when it cannot."""
+        writer = self._writer
+        if writer is None or not self._ready.is_set():
+            raise PortUnreachable("the sandbox's channel to the engine is not connected")
+        if not self._features & FEATURE_CONNECT:
+            raise PortUnreachable(
+                "the sandbox's agent predates ports (a template built before them): rebuild it"
+            )
+        if len(self._streams) >= self.max_streams or not self._budget.take():
+            raise PortUnreachable("too many connections to or from this sandbox at once")
+        self._next_host_id = (self._next_host_id + 1) % HOST_STREAM
+        stream_id = HOST_STREAM | self._next_host_id
+        stream = TunnelStream(stream_id, writer.write, self._closed)
+        answered = asyncio.get_running_loop().create_future()
+        self._streams[stream_id] = (stream, answered)
+        writer.write(connect(stream_id, port))
+        try:
+            await answered
+        except asyncio.CancelledError:
+            if not stream.closed:  # the caller was cancelled: the guest did not answer yet
+                stream.close()
+                raise
+            if self._writer is not writer:
+                raise PortUnreachable("the sandbox's channel was lost") from None
+            raise PortUnreachable(f"nothing listens on port {port} in the sandbox") from None
+        return stream
 
     async def close(self) -> None:
         """Disconnect and drop every stream."""
@@ -135,6 +178,7 @@ class EgressTunnel:
                 log.info("sandbox %s: egress channel lost (%s)", self.name, e)
             finally:
                 self._ready.clear()
+                self._writer = None
                 await self._drop_streams()
                 writer.close()
             await asyncio.sleep(delay)
@@ -142,12 +186,15 @@ class EgressTunnel:
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = secrets.randbits(64)
         decoder = Decoder(hello_prefix(session))
+        self._features = 0
         repeat = asyncio.create_task(self._repeat_hello(writer, session))
         try:
             while data := await reader.read(_READ_SIZE):
                 for frame in decoder.feed(data):
                     if not self._ready.is_set():  # the first frame is the guest's echo
                         repeat.cancel()
+                        self._features = frame.hello()[1] if frame.kind == HELLO else 0
+                        self._writer = writer
                         self._ready.set()
                         self.sessions += 1
                         log.info("sandbox %s: egress session %016x", self.name, session)
@@ -167,6 +214,15 @@ class EgressTunnel:
             if frame.hello()[0] != session:
                 raise FrameError("HELLO of another session")
             return  # the echo of a repeated HELLO
+        if kind == OPEN and stream_id & HOST_STREAM:  # the guest connected a host's stream
+            entry = self._streams.get(stream_id)
+            if entry is None:  # given up on meanwhile
+                writer.write(pack(stream_id, CLOSE))
+            elif entry[1].done():
+                raise FrameError(f"stream {stream_id} opened twice")
+            else:
+                entry[1].set_result(None)
+            return
         if kind == OPEN:
             self._open(stream_id, writer)
             return

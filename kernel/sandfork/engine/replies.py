@@ -24,6 +24,7 @@ from sandfork.protocol import CONTEXT_ID
 
 MAX_ENTRIES = 10000  # of a directory listing (the agent's own bound)
 MAX_CONTEXTS = 4096
+MAX_PORTS = 1000  # of a ports listing (the agent's own bound)
 MAX_PATH = 4096  # characters of a name or path in a stat record
 MAX_INT = 2**63 - 1
 _MODE = re.compile(r"[0-7]{3,6}")
@@ -122,6 +123,13 @@ def contexts(result: object) -> dict[str, Any]:
     r = fields(result, "the ctx.list result", ("contexts",), _fail, others=True)
     found = _bounded_list(r["contexts"], "contexts", MAX_CONTEXTS)
     return {"contexts": [context(c, f"contexts[{i}]") for i, c in enumerate(found)]}
+
+
+def ports(result: object) -> list[int]:
+    """A ``ports`` result: ``{"ports": [1-65535…]}``, at most :data:`MAX_PORTS`."""
+    r = fields(result, "the ports result", ("ports",), _fail, others=True)
+    found = _bounded_list(r["ports"], "ports", MAX_PORTS)
+    return sorted({integer(p, f"ports[{i}]", 1, 65535, _fail) for i, p in enumerate(found)})
 
 
 def _bounded_list(value: object, where: str, most: int) -> list[Any]:

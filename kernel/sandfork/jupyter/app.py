@@ -11,6 +11,7 @@ from sandfork.client import EngineConnection
 from sandfork.jupyter.handlers import HANDLERS
 from sandfork.jupyter.lineage_events import LineageEvents
 from sandfork.jupyter.operations import Operations
+from sandfork.jupyter.ports import PORT_HANDLERS
 from sandfork.jupyter.service import SandforkService
 from sandfork.protocol import MAX_BRANCHES
 
@@ -65,5 +66,6 @@ class SandforkExtension(ExtensionApp):
         await self.events.stop()
 
     def initialize_handlers(self) -> None:
-        """Register the REST handlers (under the server's base URL)."""
+        """Register the REST handlers and the sandboxes' ports (under the server's base URL)."""
         self.handlers.extend(HANDLERS)
+        self.handlers.extend(PORT_HANDLERS)

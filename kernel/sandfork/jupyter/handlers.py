@@ -86,6 +86,16 @@ class KernelHandler(SandforkHandler):
         self.reply(await self.service.kernel(kernel_id))
 
 
+class KernelPortsHandler(SandforkHandler):
+    """``GET``: the servers listening in a Sandfork kernel's sandbox, each with its URL here."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        await self.require("read", "kernels")
+        self.reply(await self.service.kernel_ports(kernel_id, self.base_url))
+
+
 class SnapshotsHandler(SandforkHandler):
     """``GET``: snapshots and their lineage; ``POST``: snapshot a notebook's sandbox."""
 
@@ -196,6 +206,7 @@ def _op(body: dict[str, Any]) -> str | None:
 HANDLERS: list[tuple[str, type[SandforkHandler]]] = [
     (r"/sandfork/api/config", ConfigHandler),
     (r"/sandfork/api/kernels/([^/]+)", KernelHandler),
+    (r"/sandfork/api/kernels/([^/]+)/ports", KernelPortsHandler),
     (r"/sandfork/api/snapshots", SnapshotsHandler),
     (r"/sandfork/api/snapshots/([^/]+)", SnapshotHandler),
     (r"/sandfork/api/snapshots/([^/]+)/restore", RestoreHandler),

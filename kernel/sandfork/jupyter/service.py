@@ -126,6 +126,20 @@ class SandforkService:
             "checkpoints": bool(checkpoints.get("enabled")),
         }
 
+    async def kernel_ports(self, kernel_id: str, base_url: str) -> dict[str, Any]:
+        """The ports a server listens on in a Sandfork kernel's sandbox, with their URLs on
+        this server (:mod:`sandfork.jupyter.ports`)."""
+        sandbox_id = attached_sandbox(self.kernels, kernel_id).sandbox_id
+        listed = await self.call("GET", f"/sandboxes/{sandbox_id}/ports")
+        ports = [
+            {
+                "port": p["port"],
+                "url": f"{base_url}sandfork/sandboxes/{sandbox_id}/ports/{p['port']}/",
+            }
+            for p in listed["ports"]
+        ]
+        return {"sandbox_id": sandbox_id, "ports": ports}
+
     async def lineage(self) -> dict[str, Any]:
         """Snapshots and the sandboxes they relate to, for the side panel's graph."""
         snapshots = (await self.call("GET", "/snapshots"))["snapshots"]

@@ -11,12 +11,12 @@ from typing import Any
 from sandfork.sdk.client import Client, default_client, error_for
 from sandfork.sdk.errors import (
     CommandFailed,
-    NotFoundError,
     ReplayMismatch,
     SandboxTimeout,
     SandforkError,
 )
 from sandfork.sdk.explore import Candidate, ExploreResult, ScoreFn, explore_forks, promote_fork
+from sandfork.sdk.filesystem import Filesystem
 from sandfork.sdk.models import ExecResult, Execution
 
 
@@ -48,59 +48,6 @@ class CodeContext:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class Filesystem:
-    """Files inside a sandbox."""
-
-    def __init__(self, sandbox: Sandbox) -> None:
-        self._sandbox = sandbox
-
-    def _path(self, suffix: str = "") -> str:
-        return f"/sandboxes/{self._sandbox.id}/fs{suffix}"
-
-    def read(self, path: str) -> bytes:
-        """The bytes of ``path``."""
-        return self._sandbox.client.raw("GET", self._path(), params={"path": path}).content
-
-    def read_text(self, path: str) -> str:
-        """The text of ``path`` (UTF-8)."""
-        return self.read(path).decode()
-
-    def write(self, path: str, content: bytes | str) -> dict[str, Any]:
-        """Write ``content`` to ``path``, creating parent directories."""
-        data = content.encode() if isinstance(content, str) else content
-        return self._sandbox.client.request(
-            "PUT",
-            self._path(),
-            params={"path": path},
-            data=data,
-            headers={"Content-Type": "application/octet-stream"},
-        )  # type: ignore[no-any-return]
-
-    def listdir(self, path: str = "/") -> list[dict[str, Any]]:
-        """The entries of a directory."""
-        return self._sandbox.client.request("GET", self._path("/dir"), params={"path": path})[
-            "entries"
-        ]  # type: ignore[no-any-return]
-
-    def stat(self, path: str) -> dict[str, Any]:
-        """Name, size, mode, mtime and type of ``path``."""
-        return self._sandbox.client.request("GET", self._path("/stat"), params={"path": path})  # type: ignore[no-any-return]
-
-    def exists(self, path: str) -> bool:
-        """True if ``path`` exists."""
-        try:
-            self.stat(path)
-        except NotFoundError:
-            return False
-        return True
-
-    def delete(self, path: str, recursive: bool = False) -> None:
-        """Delete a file (or, with ``recursive``, a directory tree)."""
-        self._sandbox.client.request(
-            "DELETE", self._path(), params={"path": path, "recursive": str(recursive).lower()}
-        )
 
 
 @dataclass
@@ -361,6 +308,18 @@ class Sandbox:
         body = {} if lease_seconds is None else {"lease_seconds": lease_seconds}
         data = self.client.request("POST", f"/sandboxes/{self.id}/lease", json=body)
         self.lease_seconds = data["lease_seconds"]
+
+    def ports(self) -> builtins.list[int]:
+        """The ports a server listens on in the sandbox now."""
+        listed = self.client.request("GET", f"/sandboxes/{self.id}/ports")["ports"]
+        return [entry["port"] for entry in listed]
+
+    def preview_url(self, port: int) -> str:
+        """Where the server listening on ``port`` in the sandbox answers: the engine's port
+        proxy, which wants the API key like every endpoint (``Authorization: Bearer``)."""
+        if not 0 < port < 65536:
+            raise ValueError(f"port must be 1-65535, not {port}")
+        return f"{self.client.url}/v1/sandboxes/{self.id}/ports/{port}/"
 
     def hibernate(self) -> None:
         """Capture the sandbox and stop its VM, freeing its memory; the next call to it (or
