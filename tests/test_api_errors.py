@@ -19,6 +19,7 @@ from conftest import EngineProcess
 from sandfork.engine.app import make_app
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.handlers.base import API_KEY_REQUIRED
+from sandfork.engine.handlers.not_served import PANDASTACK_ONLY
 from sandfork.protocol import check_snapshot_name
 
 
@@ -35,6 +36,9 @@ _PLACEHOLDERS = {
     "([A-Za-z0-9_-]{1,64})": "default",
     "([^/]+)": "notebook.ipynb",
     "/?(.*)": "/index.html",  # a path below a sandbox's port
+    "(builds?(?:/[^/]+)?)": "builds",
+    f"({'|'.join(PANDASTACK_ONLY)})": "apps",
+    "(/.*)?": "/x",
 }
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _WRONG_KEYS = [
@@ -100,6 +104,32 @@ def test_the_channels_websocket_needs_the_api_key(engine: EngineProcess) -> None
 
     for headers in _WRONG_KEYS:
         assert asyncio.run(handshake(headers)) == 401
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", f"/v1/{family}") for family in PANDASTACK_ONLY]
+    + [
+        ("POST", "/v1/apps/app_1/deploy"),
+        ("GET", "/v1/templates/builds"),
+        ("POST", "/v1/templates/build"),
+        ("GET", "/v1/templates/builds/b1"),
+        ("DELETE", "/v1/templates/code-interpreter"),
+    ],
+)
+def test_what_pandastack_has_and_the_engine_does_not_is_a_501(
+    engine: EngineProcess, method: str, path: str
+) -> None:
+    response = _call(engine, method, path)
+    assert response.status_code == 501, response.text
+    assert response.json()["error"].startswith("not served by Sandfork: ")
+
+
+def test_a_template_is_read_by_name(engine: EngineProcess) -> None:
+    found = _call(engine, "GET", "/v1/templates/code-interpreter").json()
+    assert found["name"] == "code-interpreter" and found["built"] is True
+    missing = _call(engine, "GET", "/v1/templates/nothing-like-it")
+    assert missing.status_code == 404 and "no template" in missing.json()["error"]
 
 
 def test_the_key_is_accepted_as_bearer_or_header(engine: EngineProcess) -> None:

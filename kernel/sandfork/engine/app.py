@@ -34,6 +34,7 @@ from sandfork.engine.handlers.hibernation import HibernateHandler, PauseHandler,
 from sandfork.engine.handlers.leases import LeaseHandler, LifecycleHandler
 from sandfork.engine.handlers.lineage import PromoteHandler
 from sandfork.engine.handlers.logs import LogsHandler
+from sandfork.engine.handlers.not_served import PANDASTACK_ONLY, NotServedHandler
 from sandfork.engine.handlers.ports import PortProxyHandler, PortsHandler
 from sandfork.engine.handlers.repl import (
     InterruptHandler,
@@ -57,7 +58,7 @@ from sandfork.engine.handlers.snapshots import (
     SnapshotsHandler,
 )
 from sandfork.engine.handlers.stats import EngineStatsHandler
-from sandfork.engine.handlers.templates import HealthHandler, TemplatesHandler
+from sandfork.engine.handlers.templates import HealthHandler, TemplateHandler, TemplatesHandler
 from sandfork.engine.http_server import EngineHTTPServer
 from sandfork.engine.limits import Limits
 from sandfork.engine.package_sources import package_sources
@@ -86,6 +87,9 @@ def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> we
         (r"/v1/health", HealthHandler),
         (r"/v1/engine/stats", EngineStatsHandler),
         (r"/v1/templates", TemplatesHandler),
+        (r"/v1/templates/(builds?(?:/[^/]+)?)", NotServedHandler),
+        (r"/v1/templates/([^/]+)", TemplateHandler),
+        (rf"/v1/({'|'.join(PANDASTACK_ONLY)})(/.*)?", NotServedHandler),
         (r"/v1/changes", ChangesHandler),
         (r"/v1/sandboxes", SandboxesHandler),
         (rf"/v1/sandboxes/{_SBX}", SandboxHandler),

@@ -2,27 +2,46 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from sandfork.engine.errors import NotFound
 from sandfork.engine.handlers.base import ApiHandler
-from sandfork.templates import BuiltTemplate, list_specs
+from sandfork.engine.handlers.not_served import NotServed
+from sandfork.templates import BuiltTemplate, TemplateSpec, list_specs
+
+
+def _describe(spec: TemplateSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "memory_mb": spec.memory_mb,
+        "cpu": spec.cpus,
+        "built": BuiltTemplate.find(spec) is not None,
+    }
 
 
 class TemplatesHandler(ApiHandler):
     """``GET`` lists templates and whether each is built."""
 
     async def get(self) -> None:
-        items = []
+        self.write_json({"items": [_describe(spec) for spec in list_specs()]})
+
+
+class TemplateHandler(ApiHandler):
+    """``GET``: one template (PandaStack's ``templates.get``); ``DELETE`` is not served."""
+
+    async def get(self, name: str) -> None:
         for spec in list_specs():
-            built = BuiltTemplate.find(spec)
-            items.append(
-                {
-                    "name": spec.name,
-                    "description": spec.description,
-                    "memory_mb": spec.memory_mb,
-                    "cpu": spec.cpus,
-                    "built": built is not None,
-                }
-            )
-        self.write_json({"items": items})
+            if spec.name == name:
+                self.write_json(_describe(spec))
+                return
+        raise NotFound(f"no template {name[:64]!r}")
+
+    async def delete(self, name: str) -> None:
+        raise NotServed(
+            f"not served by Sandfork: DELETE /v1/templates/{name[:64]}: templates are built "
+            "from the project's specs on this machine, not deleted through the API"
+        )
 
 
 class HealthHandler(ApiHandler):
