@@ -36,7 +36,7 @@ _PLACEHOLDERS = {
     "([A-Za-z0-9_-]{1,64})": "default",
     "([^/]+)": "notebook.ipynb",
     "/?(.*)": "/index.html",  # a path below a sandbox's port
-    "(builds?(?:/[^/]+)?)": "builds",
+    "(builds?(?:/.*)?)": "builds",
     f"({'|'.join(PANDASTACK_ONLY)})": "apps",
     "(/.*)?": "/x",
 }

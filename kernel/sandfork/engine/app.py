@@ -87,7 +87,7 @@ def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> we
         (r"/v1/health", HealthHandler),
         (r"/v1/engine/stats", EngineStatsHandler),
         (r"/v1/templates", TemplatesHandler),
-        (r"/v1/templates/(builds?(?:/[^/]+)?)", NotServedHandler),
+        (r"/v1/templates/(builds?(?:/.*)?)", NotServedHandler),
         (r"/v1/templates/([^/]+)", TemplateHandler),
         (rf"/v1/({'|'.join(PANDASTACK_ONLY)})(/.*)?", NotServedHandler),
         (r"/v1/changes", ChangesHandler),
