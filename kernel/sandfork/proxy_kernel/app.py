@@ -62,6 +62,12 @@ class SandforkKernelApp(JupyterApp):
         f"{DEFAULT_SECONDS:g}; the engine accepts 5 to 3600."
     ).tag(config=True)
 
+    request_timeout = Float(
+        3600.0,
+        help="Seconds one engine request may take: the first sandbox of a template is booted "
+        "and captured first, minutes under TCG and more on a loaded machine.",
+    ).tag(config=True)
+
     checkpoint_cells = Bool(
         False,
         help="Capture the sandbox after every cell (incrementally), for %rewind; a notebook "
@@ -102,7 +108,7 @@ class SandforkKernelApp(JupyterApp):
     def attachment(self, state: Path) -> Attachment:
         """The configured sandbox, the one a restarted kernel had, or a new one."""
         engine = EngineConnection.of(self, self.log)
-        client = Client(engine.engine_url or None, engine.api_key or None)
+        client = Client(engine.engine_url or None, engine.api_key or None, self.request_timeout)
         saved = load_state(state)
         if saved is not None:  # a restart: the sandbox this kernel last ran in (%restore moves it)
             sandbox = Sandbox.get(saved["sandbox_id"], client)
