@@ -21,10 +21,11 @@ def _describe(spec: TemplateSpec) -> dict[str, Any]:
 
 
 class TemplatesHandler(ApiHandler):
-    """``GET`` lists templates and whether each is built."""
+    """``GET`` lists templates and whether each is built: a JSON array, what both published
+    PandaStack SDKs read (the TypeScript one takes nothing else)."""
 
     async def get(self) -> None:
-        self.write_json({"items": [_describe(spec) for spec in list_specs()]})
+        self.write_json([_describe(spec) for spec in list_specs()])
 
 
 class TemplateHandler(ApiHandler):
