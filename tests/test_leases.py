@@ -180,6 +180,34 @@ def test_an_sdk_lease_that_is_not_renewed_ends_the_sandbox(engine: EngineProcess
         plain.kill()
 
 
+def test_a_ttl_that_runs_out_hibernates_a_sandbox_that_asked_for_it(
+    engine: EngineProcess,
+) -> None:
+    """PandaStack's lifecycle with ``on_expiry: hibernate``: the sandbox's state is kept when
+    its time to live runs out, and its next call wakes it."""
+    client = engine.client()
+    sandbox = Sandbox.create(client=client)
+    try:
+        context = sandbox.create_code_context()
+        context.run_code("kept = 6 * 7")
+        path = f"/sandboxes/{sandbox.id}/lifecycle"
+        with pytest.raises(BadRequestError, match="on_expiry must be one of kill, hibernate"):
+            client.request("PATCH", path, json={"on_expiry": "explode"})
+        answer = client.request(
+            "PATCH", path, json={"ttl_seconds": LEASE, "on_expiry": "hibernate"}
+        )
+        assert answer["on_expiry"] == "hibernate" and answer["ttl_seconds"] == LEASE
+        deadline = time.monotonic() + 600  # a bound for a hang: the watch loop hibernates it
+        while sandbox.refresh().status != "hibernated":
+            assert time.monotonic() < deadline, sandbox.status
+            time.sleep(0.2)
+        assert context.run_code("kept").text == "42"  # woken, its memory as it was
+        assert sandbox.refresh().status == "running"
+        assert client.request("GET", path)["expires_in"] is None  # the lease ended with it
+    finally:
+        sandbox.kill()
+
+
 @pytest.mark.vm
 def test_a_sigkilled_kernel_loses_its_sandbox_a_persistent_one_keeps_it(
     engine: EngineProcess,

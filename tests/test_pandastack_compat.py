@@ -127,6 +127,7 @@ def test_pandastack_lifecycle_ttl_and_persistent(ps_client: pandastack.Client) -
             "id": None,
             "persistent": False,
             "ttl_seconds": None,
+            "on_expiry": "kill",  # ours: or "hibernate" (test_leases.py)
             "expires_in": None,
             "expires_at": None,
         }

@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     boot_mode TEXT NOT NULL DEFAULT 'cold',
     host_access INTEGER NOT NULL DEFAULT 0,
     lease_seconds REAL,
+    on_expiry TEXT NOT NULL DEFAULT 'kill',
     memory TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -104,6 +105,7 @@ class SandboxRecord:
     boot_mode: str = "cold"
     host_access: bool = False  # the guest may reach the host's network (opt-in)
     lease_seconds: float | None = None  # killed when its holder stops renewing for this long
+    on_expiry: str = "kill"  # or "hibernate": what its lease running out does (ON_EXPIRY)
     memory: str = ""  # the memory layer its RAM matched when started or last captured
 
     def to_api(self) -> dict[str, Any]:
@@ -127,6 +129,7 @@ class SandboxRecord:
             "disk": self.disk,
             "host_access": self.host_access,
             "lease_seconds": self.lease_seconds,
+            "on_expiry": self.on_expiry,
         }
 
 
@@ -157,6 +160,7 @@ class Database:
             "sandboxes": {
                 "host_access": "INTEGER NOT NULL DEFAULT 0",
                 "lease_seconds": "REAL",
+                "on_expiry": "TEXT NOT NULL DEFAULT 'kill'",
                 "memory": "TEXT NOT NULL DEFAULT ''",
             },
         }

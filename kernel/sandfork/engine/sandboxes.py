@@ -100,6 +100,8 @@ class SandboxService:
         self.activity = Activity()  # the operations running in each sandbox
         # Wakes a hibernated sandbox from its capture (SnapshotService.wake sets itself).
         self.waker: Callable[[str], Awaitable[object]] | None = None
+        # What an expired lease does (sandfork.engine.expiry sets its policy).
+        self.on_expired: Callable[[str], Awaitable[object]] = self.kill
 
     async def start(self) -> None:
         """Adopt the sandboxes an earlier engine left running, then watch them.
@@ -189,11 +191,10 @@ class SandboxService:
                 self._live.pop(live.record.id, None)
                 await live.destroy()
         for sandbox_id in self.leases.expired():
-            log.warning("sandbox %s: its lease ran out; killing it", sandbox_id)
             try:
-                await self.kill(sandbox_id)
+                await self.on_expired(sandbox_id)
             except Exception:
-                log.exception("killing sandbox %s failed", sandbox_id)
+                log.exception("ending sandbox %s (its lease ran out) failed", sandbox_id)
 
     def mark_dead(self, record: SandboxRecord, reason: str) -> None:
         """Record that a sandbox stopped for good, and why."""

@@ -21,6 +21,7 @@ from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
 from sandfork.engine.egress_tunnel import EgressTunnels
 from sandfork.engine.execution import ExecutionService
+from sandfork.engine.expiry import Expiry
 from sandfork.engine.ledger import Ledger
 from sandfork.engine.limits import Limits
 from sandfork.engine.sandboxes import SandboxService
@@ -86,6 +87,7 @@ class EngineServices:
             bounds.inventory_timeout,
             bounds.hibernate_wait,
         )
+        Expiry(sandboxes, snapshots)
         return cls(sandboxes, execution, snapshots)
 
     async def start(self) -> None:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from sandfork.engine.errors import BadRequest
+from sandfork.engine.expiry import ON_EXPIRY
 from sandfork.engine.handlers.base import ApiHandler, field
 from sandfork.engine.leases import MAX_SECONDS, MAX_TTL_SECONDS, MIN_SECONDS
 from sandfork.engine.ledger import now
@@ -41,8 +42,9 @@ class LifecycleHandler(ApiHandler):
     expires_at}``. ``PATCH {"ttl_seconds"?: n | null, "persistent"?: bool}`` changes them and
     answers the same.
 
-    A time to live is the sandbox's lease: it is killed when the TTL runs out, unless renewed
-    first (another PATCH, or ``POST .../lease``); ``null`` ends it. A persistent sandbox has
+    A time to live is the sandbox's lease: it is killed when the TTL runs out (hibernated with
+    ``"on_expiry": "hibernate"``: :mod:`sandfork.engine.expiry`), unless renewed first
+    (another PATCH, or ``POST .../lease``); ``null`` ends it. A persistent sandbox has
     none: making one persistent ends its lease, and a TTL for it is a 400.
     """
 
@@ -51,13 +53,20 @@ class LifecycleHandler(ApiHandler):
 
     async def patch(self, sandbox_id: str) -> None:
         body = self.json_body()
-        unknown = sorted(set(body) - {"ttl_seconds", "persistent"})
+        unknown = sorted(set(body) - {"ttl_seconds", "persistent", "on_expiry"})
         if unknown:
-            raise BadRequest(f"unknown field {unknown[0]!r} (ttl_seconds, persistent)")
+            raise BadRequest(f"unknown field {unknown[0]!r} (ttl_seconds, persistent, on_expiry)")
         persistent = field(body, "persistent", bool)
         ttl = lease_field(body, "ttl_seconds", MAX_TTL_SECONDS)
+        on_expiry = field(body, "on_expiry", str)
+        if on_expiry is not None and on_expiry not in ON_EXPIRY:
+            raise BadRequest(f"on_expiry must be one of {', '.join(ON_EXPIRY)}, not {on_expiry!r}")
         if persistent and ttl is not None:
             raise BadRequest("a persistent sandbox has no time to live")
+        if on_expiry is not None:
+            record = self.sandboxes.get(sandbox_id)
+            record.on_expiry = on_expiry
+            self.sandboxes.save(record)
         if persistent is not None:
             self.sandboxes.set_persistent(sandbox_id, persistent)
         if ttl is not None:
@@ -73,6 +82,7 @@ class LifecycleHandler(ApiHandler):
             "id": record.id,
             "persistent": record.persistent,
             "ttl_seconds": record.lease_seconds,
+            "on_expiry": record.on_expiry,
             "expires_in": left,
             "expires_at": None if left is None else now(time.time() + left),
         }
