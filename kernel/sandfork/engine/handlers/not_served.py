@@ -39,7 +39,7 @@ class NotServedHandler(ApiHandler):
                 "template build NAME, or on first use), not uploaded, pushed or deleted"
             )
         else:
-            why = f"{path.split('/', 1)[0]} are PandaStack's hosted services, not sandboxes"
+            why = f"PandaStack's hosted service {path.split('/', 1)[0]!r} is not a sandbox's"
         raise NotServed(
             f"not served by Sandfork: {self.request.method} {self.request.path}: {why} "
             "(the README lists what the engine serves of PandaStack's SDKs)"
