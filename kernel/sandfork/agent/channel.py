@@ -24,6 +24,9 @@ guest buffers them, so a download is not held to one small window per round trip
 TO_HOST_WINDOW = 128 * 1024
 """Bytes the guest may send on one stream before the engine grants more: what the engine
 buffers per stream at most (it has many sandboxes' streams to hold)."""
+HOST_STREAM_WINDOW = 1024 * 1024
+"""The same, on a stream the host opened (``CONNECT``): a port's server answering a request of
+the engine's, whose download is not to be held to one small window per round trip."""
 
 HELLO = 0  # stream 0: MAGIC, an 8-byte session id, then u32 (host: its stream cap; guest: FEATURES)
 OPEN = 1  # guest -> host: a new stream (a connection accepted in the guest), or CONNECT's answer

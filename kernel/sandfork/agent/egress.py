@@ -30,6 +30,7 @@ from .channel import (
     FEATURES,
     HELLO,
     HOST_STREAM,
+    HOST_STREAM_WINDOW,
     MAX_PAYLOAD,
     OPEN,
     TO_GUEST_WINDOW,
@@ -226,7 +227,7 @@ class EgressRelay:
         if self._session != session:
             writer.close()
             return
-        stream = _LocalStream(self, stream_id, reader, writer)
+        stream = _LocalStream(self, stream_id, reader, writer, HOST_STREAM_WINDOW)
         self._streams[stream_id] = stream
         self.send(pack(stream_id, OPEN))
         stream.start()
@@ -257,6 +258,7 @@ class _LocalStream:
         stream_id: int,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        window: int = TO_HOST_WINDOW,
     ) -> None:
         self.relay = relay
         self.id = stream_id
@@ -265,7 +267,7 @@ class _LocalStream:
         # drain() returns only once everything written is in the socket: what the host may
         # send next is what has left this buffer.
         writer.transport.set_write_buffer_limits(high=0)
-        self._credit = TO_HOST_WINDOW  # bytes this side may still send
+        self._credit = window  # bytes this side may still send
         self._has_credit = asyncio.Event()
         self._has_credit.set()
         self._unacked = 0  # bytes the host sent that are not in the socket yet

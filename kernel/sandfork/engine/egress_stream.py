@@ -32,8 +32,15 @@ class TunnelStream:
     """Stream ``id`` of a channel; ``send`` queues frames on the channel, ``on_close`` is
     called once when the stream is over (either side)."""
 
-    def __init__(self, stream_id: int, send: Send, on_close: Callable[[TunnelStream], None]):
+    def __init__(
+        self,
+        stream_id: int,
+        send: Send,
+        on_close: Callable[[TunnelStream], None],
+        window: int = TO_HOST_WINDOW,
+    ):
         self.id = stream_id
+        self._window = window  # what the guest may send beyond what was read
         self._send = send
         self._on_close = on_close
         self._in = bytearray()
@@ -52,7 +59,7 @@ class TunnelStream:
         if self._in_eof:
             raise FrameError(f"stream {self.id}: DATA after EOF")
         self._unread += len(data)
-        if self._unread > TO_HOST_WINDOW:
+        if self._unread > self._window:
             raise FrameError(f"stream {self.id}: the guest sent past its window")
         self._in += data
         self._changed.set()

@@ -32,6 +32,7 @@ from sandfork.agent.channel import (
     FEATURE_CONNECT,
     HELLO,
     HOST_STREAM,
+    HOST_STREAM_WINDOW,
     OPEN,
     Decoder,
     Frame,
@@ -135,7 +136,7 @@ class EgressTunnel:
             raise PortUnreachable("too many connections to or from this sandbox at once")
         self._next_host_id = (self._next_host_id + 1) % HOST_STREAM
         stream_id = HOST_STREAM | self._next_host_id
-        stream = TunnelStream(stream_id, writer.write, self._closed)
+        stream = TunnelStream(stream_id, writer.write, self._closed, HOST_STREAM_WINDOW)
         answered = asyncio.get_running_loop().create_future()
         self._streams[stream_id] = (stream, answered)
         writer.write(connect(stream_id, port))
