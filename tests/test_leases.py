@@ -180,6 +180,7 @@ def test_an_sdk_lease_that_is_not_renewed_ends_the_sandbox(engine: EngineProcess
         plain.kill()
 
 
+@pytest.mark.vm
 def test_a_ttl_that_runs_out_hibernates_a_sandbox_that_asked_for_it(
     engine: EngineProcess,
 ) -> None:

@@ -20,7 +20,7 @@ from pandastack.sandbox import CodeContext, SandboxAPI, SandboxCommands, Sandbox
 import test_pandastack_compat
 from conftest import EngineProcess
 
-pytestmark = [pytest.mark.vm, pytest.mark.portable]
+pytestmark = pytest.mark.portable  # every backend; the rows boot a sandbox, the table none
 
 CLASSES = {
     "Sandbox": pandastack.Sandbox,
@@ -301,6 +301,7 @@ def _rows_run_here() -> dict[str, Callable[[Here], None]]:
     return found
 
 
+@pytest.mark.vm
 @pytest.mark.parametrize("method", list(_rows_run_here()))
 def test_row(method: str, here: Here) -> None:
     _rows_run_here()[method](here)

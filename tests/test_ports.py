@@ -217,3 +217,15 @@ def test_a_restored_copy_and_a_fork_serve_through_their_own_urls(
             sandbox.kill()
         if snapshot:
             client.request("DELETE", f"/snapshots/{snapshot}")
+
+
+def test_listing_the_ports_of_a_hibernated_sandbox_does_not_wake_it(client: Client) -> None:
+    """JupyterLab's side panel lists the current sandbox's ports at every change it hears of:
+    a listing that woke the sandbox would keep it from ever hibernating."""
+    box = Sandbox.create(client=client)
+    try:
+        box.hibernate()
+        assert box.ports() == []
+        assert box.refresh().status == "hibernated"
+    finally:
+        box.kill()

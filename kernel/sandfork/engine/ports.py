@@ -15,9 +15,9 @@ import asyncio
 from sandfork.engine import replies
 from sandfork.engine.egress_stream import TunnelStream
 from sandfork.engine.egress_tunnel import PortUnreachable
-from sandfork.engine.errors import ApiError, BadRequest
+from sandfork.engine.errors import ApiError, BadRequest, Conflict
 from sandfork.engine.execution import agent_failures
-from sandfork.engine.sandboxes import SandboxService
+from sandfork.engine.sandboxes import HIBERNATED, PAUSED, SandboxService
 
 _ANSWER_S = 30.0  # for the agent to connect (it tries 10 s on each loopback address)
 
@@ -36,8 +36,18 @@ def port_number(text: str) -> int:
 
 
 async def list_ports(sandboxes: SandboxService, sandbox_id: str, wait: float) -> list[int]:
-    """The ports a server listens on in the sandbox now (the agent's ``ports``)."""
-    async with sandboxes.working(sandbox_id) as live:
+    """The ports a server listens on in the sandbox now (the agent's ``ports``): none while it
+    hibernates or is paused. A listing never wakes a sandbox (JupyterLab's side panel lists
+    the ports of the current notebook's sandbox at every change it hears of)."""
+    if sandboxes.get(sandbox_id).status in (*HIBERNATED, PAUSED):
+        return []
+    async with sandboxes.activity.operation(sandbox_id):
+        try:
+            live = sandboxes.live(sandbox_id)
+        except Conflict:
+            if sandboxes.get(sandbox_id).status in (*HIBERNATED, PAUSED):  # meanwhile
+                return []
+            raise
         with agent_failures(live.record):
             return replies.ports(await live.instance.agent.request("ports", {}, wait=wait))
 
