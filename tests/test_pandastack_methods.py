@@ -9,6 +9,7 @@ the SDK has a method no row names, so a new SDK version cannot slip past this ta
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,8 +184,6 @@ def _service_call(service: str, method: str) -> Callable[[Here], None]:
 
 
 def _until(probe: Callable[[], bool]) -> None:
-    import time
-
     deadline = time.monotonic() + 120  # a bound for a hang
     while not probe():
         assert time.monotonic() < deadline

@@ -9,6 +9,7 @@ sandbox's own channel, never through the network.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
@@ -76,15 +77,21 @@ def _serve(sandbox: Sandbox) -> None:
     _listening(sandbox, APP_PORT)
 
 
-@pytest.fixture(scope="module")
-def served(engine: EngineProcess) -> Iterator[Sandbox]:
-    """A sandbox running the site and the app."""
+@contextlib.contextmanager
+def serving(engine: EngineProcess) -> Iterator[Sandbox]:
+    """A sandbox running the site and the app, killed at the end."""
     box = Sandbox.create(client=engine.client())
     try:
         _serve(box)
         yield box
     finally:
         box.kill()
+
+
+@pytest.fixture(scope="module")
+def served(engine: EngineProcess) -> Iterator[Sandbox]:
+    with serving(engine) as box:
+        yield box
 
 
 def _url(engine: EngineProcess, sandbox: Sandbox, port: int, path: str = "") -> str:

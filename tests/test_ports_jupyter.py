@@ -30,7 +30,7 @@ from jupyterlab_fixtures import (  # noqa: F401 (fixtures, found by name)
     wait_for_notebook,
 )
 from sandfork.sdk import Sandbox
-from test_ports import APP_PORT, SITE_PORT, _serve
+from test_ports import APP_PORT, SITE_PORT, serving
 
 pytestmark = [pytest.mark.vm, pytest.mark.portable]
 
@@ -43,12 +43,8 @@ def lab(engine: EngineProcess, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="module")
 def served(engine: EngineProcess) -> Iterator[Sandbox]:
-    box = Sandbox.create(client=engine.client())
-    try:
-        _serve(box)
+    with serving(engine) as box:
         yield box
-    finally:
-        box.kill()
 
 
 def _url(lab: Lab, sandbox: Sandbox, port: int, path: str = "") -> str:

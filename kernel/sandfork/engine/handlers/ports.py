@@ -6,8 +6,6 @@ API key like every endpoint; the engine's credentials are not passed on to the s
 
 from __future__ import annotations
 
-import asyncio
-
 from sandfork import http_relay
 from sandfork.engine import ports
 from sandfork.engine.handlers.base import ApiHandler
@@ -54,7 +52,7 @@ class PortProxyHandler(ApiHandler):
         stream = await ports.open_port(self.sandboxes, sandbox_id, port)
         try:
             response = await http_relay.exchange_heads(stream, stream, head, body)
-        except (http_relay.RelayFailed, OSError, asyncio.IncompleteReadError) as e:
+        except (http_relay.RelayFailed, OSError) as e:  # exchange_heads maps a short read
             stream.close()
             raise ports.PortRefused(f"sandbox {sandbox_id}, port {port}: {e}") from None
         await http_relay.relay(self.detach(), stream, stream, response)
