@@ -125,7 +125,7 @@ def main() -> None:
             sandbox = running[0] if running else Sandbox.create(client=client)
             seed = rng.randrange(1 << 30)
             digest = make_state(sandbox, seed)
-            snapshot_id = sandbox.snapshot(f"seed-{seed}")
+            snapshot_id = sandbox.snapshot(f"seed-{seed}").id
             digests[snapshot_id] = digest
             name = rng.choice(OPERATIONS)
             call, in_flight = Round(engine, sandbox, snapshot_id).operation(name)

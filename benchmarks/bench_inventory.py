@@ -44,7 +44,7 @@ def main() -> None:
             made = sandbox.create_code_context().run_code(STATE, timeout_seconds=600)
             assert made.error is None, made.error
             for _ in range(args.runs):
-                snapshot_id = sandbox.snapshot()
+                snapshot_id = sandbox.snapshot().id
                 inventory = Snapshot.get(snapshot_id, client=client).inventory()
                 assert inventory.status == "ok", inventory
                 elapsed.append(inventory.elapsed_ms)

@@ -51,10 +51,9 @@ from bench_snapshot import FILL, MIB, OUT, _pss
 from timing import clock
 
 from conftest import EngineProcess
-from kernel_client import execute, sandbox_id, stdout, wait_status
+from kernel_client import execute, kernel_sandbox, sandbox_id, stdout, wait_status
 from sandfork.protocol import is_snapshot_id
 from sandfork.proxy_kernel.checkpoints import CELL_ID, LINEAGE
-from sandfork.proxy_kernel.state import load_state, state_file
 from sandfork.sdk import NotFoundError, Snapshot
 
 CHANGED = 10_000_000  # bytes a cell changes
@@ -104,9 +103,7 @@ class Notebook:
 
     def checkpoint(self, cell_id: str) -> Snapshot:
         """This kernel's checkpoint after cell ``cell_id`` ("": when they were turned on)."""
-        state = load_state(state_file(self.km.connection_file))
-        assert state is not None
-        lineage = state["checkpoints"]["lineage"]
+        lineage = kernel_sandbox(self.km)["checkpoints"]["lineage"]
         return next(
             s
             for s in Snapshot.list(client=self.client)  # newest first

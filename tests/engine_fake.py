@@ -19,11 +19,12 @@ from sandfork.backends.fake import FakeBackend, FakeHost, FakeImages
 from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.db import Database, SandboxRecord
-from sandfork.engine.execution import Command
+from sandfork.engine.execution import ShellCommand
 from sandfork.engine.leases import Leases
 from sandfork.engine.limits import Limits
 from sandfork.engine.services import Bounds, EngineServices
-from sandfork.engine.snapshots import SnapshotStore
+from sandfork.engine.snapshot_store import SnapshotStore
+from sandfork.protocol import SandboxStatus
 from sandfork.templates import BuiltTemplate, TemplateSpec
 
 TEMPLATE = "code-interpreter"  # its spec is read; its image is the fake's small file
@@ -68,7 +69,7 @@ class FakeEngine:
     async def create(self, memory_mb: int = 256, persistent: bool = False) -> SandboxRecord:
         """A new sandbox of the template, through the engine."""
         return await self.services.sandboxes.create(
-            TEMPLATE, memory_mb=memory_mb, cpus=1, metadata={}, persistent=persistent
+            TEMPLATE, memory_mb=memory_mb, cpu=1, metadata={}, persistent=persistent
         )
 
     async def restore(self, snapshot_id: str) -> SandboxRecord:
@@ -87,7 +88,7 @@ class FakeEngine:
 
     async def exec(self, sandbox_id: str, cmd: str) -> dict[str, object]:
         """Run a command through the engine (the fake answers it as its output)."""
-        return await self.services.execution.exec(sandbox_id, Command(cmd), {"cmd": cmd})
+        return await self.services.execution.exec(sandbox_id, ShellCommand(cmd), {"cmd": cmd})
 
     async def advance(self, seconds: float) -> None:
         """Let ``seconds`` pass, the watch loop ticking every :data:`TICK` as it does."""
@@ -148,7 +149,7 @@ class Engines:
             await engine.stop()
 
 
-def set_status(sandbox_id: str, status: str) -> Callable[[Database], None]:
+def set_status(sandbox_id: str, status: SandboxStatus) -> Callable[[Database], None]:
     """An edit for :meth:`Engines.restart`: the sandbox's record has ``status``."""
 
     def edit(db: Database) -> None:

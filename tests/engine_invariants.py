@@ -5,6 +5,7 @@ Used by the crash tests and by ``benchmarks/bench_faults.py`` (the long random-k
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 from conftest import EngineProcess
@@ -38,7 +39,7 @@ def cell_checkpoint(sandbox: Sandbox, previous: str) -> Snapshot:
     checkpoints.started("msg-1", "x = 1", {"cellId": "cell-1"})
     metadata = checkpoints.finished("msg-1", b'{"execution_count": 1}')
     assert metadata is not None
-    return checkpoints.take(sandbox, metadata)
+    return asyncio.run(checkpoints.take(sandbox, metadata))
 
 
 def state_digests(sandbox: Sandbox) -> tuple[str, str]:
@@ -107,7 +108,7 @@ def check_engine(engine: EngineProcess, digests: dict[str, str]) -> None:
             restored.kill()
     for sandbox_id in running:
         sandbox = Sandbox.get(sandbox_id, client=client)
-        snapshot_id = sandbox.snapshot()
+        snapshot_id = sandbox.snapshot().id
         client.request("DELETE", f"/snapshots/{snapshot_id}")
     for sandbox_id in hibernated:  # asleep, not lost: it wakes with its kernel
         sleeper = Sandbox.get(sandbox_id, client=client)

@@ -147,7 +147,7 @@ def _cycle(engine: EngineProcess, worker: int, report: LoadReport, lock: threadi
         made.append(sandbox)
         value = f"w{worker}-{time.monotonic_ns()}"
         assert sandbox.create_code_context().run_code(f"v = {value!r}").error is None
-        snapshot_id = sandbox.snapshot()
+        snapshot_id = sandbox.snapshot().id
         restored = Sandbox.create(from_snapshot=snapshot_id, client=client)
         made.append(restored)
         assert restored.create_code_context().run_code("v").text == repr(value)

@@ -10,7 +10,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
 from conftest import EngineProcess
-from sandfork.proxy_kernel.state import load_state, state_file
+from sandfork.proxy_kernel.kernel_info import REQUEST, sandbox_of
 from sandfork.sdk import Sandbox
 
 
@@ -48,11 +48,28 @@ def stdout(messages: list[dict[str, Any]]) -> str:
     )
 
 
+def kernel_sandbox(km: KernelManager, timeout: float = 120) -> dict[str, Any]:
+    """What the kernel of ``km`` says of its sandbox (its ``kernel_info_reply``'s
+    ``"sandfork"``), asked on the control channel as the server extension asks; the answer
+    comes once the kernel has attached."""
+    kc = km.blocking_client()
+    kc.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+    try:
+        msg = kc.session.msg(REQUEST)
+        kc.control_channel.send(msg)
+        while True:
+            reply = kc.control_channel.get_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                found = sandbox_of(reply)
+                assert found is not None, f"no sandbox in the kernel's info: {reply}"
+                return found
+    finally:
+        kc.stop_channels()
+
+
 def sandbox_id(km: KernelManager) -> str:
-    """The sandbox the kernel of ``km`` runs in (from its state file)."""
-    state = load_state(state_file(km.connection_file))
-    assert state is not None, "the kernel has not attached yet"
-    return str(state["sandbox_id"])
+    """The sandbox the kernel of ``km`` runs in, as it says."""
+    return str(kernel_sandbox(km)["sandbox_id"])
 
 
 def wait_status(engine: EngineProcess, sandbox: str, status: str, seconds: float) -> None:

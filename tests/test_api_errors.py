@@ -16,11 +16,11 @@ from tornado.routing import PathMatches
 from tornado.websocket import websocket_connect
 
 from conftest import EngineProcess
-from sandfork.engine.app import make_app
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.handlers.base import API_KEY_REQUIRED
 from sandfork.engine.handlers.not_served import PANDASTACK_ONLY
-from sandfork.protocol import check_snapshot_name
+from sandfork.engine.server import make_app
+from sandfork.protocol import ErrorKind, check_snapshot_name
 
 
 def _call(engine: EngineProcess, method: str, path: str, **kwargs: object) -> requests.Response:
@@ -88,7 +88,7 @@ def test_every_route_and_method_needs_the_api_key(
     response = _call(engine, method, path, headers=headers, json={})
     assert response.status_code == 401, response.text
     assert response.headers["Content-Type"].startswith("application/json")
-    assert "API key" in response.json()["error"]
+    assert "API key" in response.json()["error"] and response.json()["kind"] == ErrorKind.AUTH
 
 
 def test_the_channels_websocket_needs_the_api_key(engine: EngineProcess) -> None:
@@ -99,7 +99,8 @@ def test_the_channels_websocket_needs_the_api_key(engine: EngineProcess) -> None
         with pytest.raises(HTTPClientError) as refused:
             await websocket_connect(HTTPRequest(url, headers=headers))
         assert refused.value.response is not None
-        assert "API key" in json.loads(refused.value.response.body)["error"]
+        answer = json.loads(refused.value.response.body)
+        assert "API key" in answer["error"] and answer["kind"] == ErrorKind.AUTH
         return refused.value.code
 
     for headers in _WRONG_KEYS:
@@ -123,6 +124,7 @@ def test_what_pandastack_has_and_the_engine_does_not_is_a_501(
     response = _call(engine, method, path)
     assert response.status_code == 501, response.text
     assert response.json()["error"].startswith("not served by Sandfork: ")
+    assert response.json()["kind"] == ErrorKind.SERVER_ERROR
 
 
 def test_a_template_is_read_by_name(engine: EngineProcess) -> None:
@@ -163,6 +165,7 @@ def test_bad_create_requests_are_400(engine: EngineProcess, body: bytes, message
     assert response.status_code == 400, response.text
     assert response.headers["Content-Type"].startswith("application/json")
     assert message in response.json()["error"]
+    assert response.json()["kind"] == ErrorKind.BAD_REQUEST
 
 
 @pytest.mark.parametrize(
@@ -179,7 +182,30 @@ def test_bad_create_requests_are_400(engine: EngineProcess, body: bytes, message
 def test_unknown_things_are_404(engine: EngineProcess, method: str, path: str) -> None:
     response = _call(engine, method, path, json={"cmd": "true", "code": "1"})
     assert response.status_code == 404
-    assert response.json()["error"]
+    assert response.json()["error"] and response.json()["kind"] == ErrorKind.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("metadata.=x", "names no metadata key"),
+        ("metadata.k=1&metadata.k=2", "is given 2 times"),
+        ("metadata.k=%00", "must not contain NUL"),
+        ("metadata.k=%ff", "is not UTF-8"),
+        (f"metadata.{'k' * 129}=v", "longer than 128 characters"),
+    ],
+)
+def test_a_bad_metadata_filter_of_the_snapshot_listing_is_400(
+    engine: EngineProcess, query: str, message: str
+) -> None:
+    response = _call(engine, "GET", f"/v1/snapshots?{query}")
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"] and response.json()["kind"] == ErrorKind.BAD_REQUEST
+
+
+def test_a_metadata_filter_no_snapshot_matches_lists_none(engine: EngineProcess) -> None:
+    response = _call(engine, "GET", "/v1/snapshots?metadata.k=v&metadata.%C3%A9=%E2%9C%93")
+    assert response.status_code == 200 and response.json() == {"snapshots": []}
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,7 @@ def test_cold_boot_without_captures(start_engine: StartEngine, tmp_path: Path) -
         assert client.request("GET", f"/sandboxes/{sb.id}")["boot_mode"] == "cold"
         assert sb.create_code_context().run_code("answer = 6 * 7\nanswer").text == "42"
         sb.exec("echo cold > /root/boot.txt", check=True)
-        snapshot_id = sb.snapshot("cold")
+        snapshot_id = sb.snapshot("cold").id
         restored = Sandbox.create(from_snapshot=snapshot_id, client=client)
         try:
             assert restored.create_code_context().run_code("answer + 1").text == "43"

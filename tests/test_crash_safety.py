@@ -66,7 +66,7 @@ def test_every_crash_point_is_tested() -> None:
 def test_engine_killed_inside_an_operation(own_engine: EngineProcess, point: str) -> None:
     original = Sandbox.create(client=own_engine.client())
     digest = make_state(original, seed=len(point))
-    first = original.snapshot("before")
+    first = original.snapshot("before").id
     original.kill()
     # The sandbox worked on is a restored one: its memory is a chain over the snapshot's.
     sandbox = Sandbox.create(from_snapshot=first, client=own_engine.client())

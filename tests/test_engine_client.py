@@ -250,5 +250,5 @@ def test_the_snapshot_model_round_trips() -> None:
     }
     assert SnapshotInfo.from_api(data).to_api() == data
     assert json.dumps(SnapshotInfo.from_api(data).to_api())
-    sdk = Snapshot._from_api(data, client=None)  # type: ignore[arg-type]
+    sdk = Snapshot.from_api(data, client=None)
     assert (sdk.id, sdk.contexts, sdk.metadata) == (data["id"], ["default"], data["metadata"])

@@ -18,14 +18,14 @@ from traitlets import Bool, Enum, Float, Int, List, TraitType, Unicode
 from traitlets.config import Configurable
 
 from sandfork.backends.agent_link import MAX_FRAME
-from sandfork.engine.config import MAX_FILE_BYTES
-from sandfork.engine.engine_app import (
+from sandfork.engine.cli import (
     CONFIG_FILE_NAME,
     HOME_ENV,
     EngineConfigError,
     SandforkEngineApp,
     env_name,
 )
+from sandfork.engine.config import MAX_FILE_BYTES
 
 ENGINE_CLASSES: list[type[Configurable]] = [
     cls for cls in SandforkEngineApp.classes if cls is not SandforkEngineApp

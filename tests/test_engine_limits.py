@@ -67,7 +67,7 @@ def _mode(path: Path) -> int:
 def test_engine_files_are_private(own_engine: EngineProcess) -> None:
     sandbox = Sandbox.create(client=own_engine.client())
     try:
-        snapshot_id = sandbox.snapshot()
+        snapshot_id = sandbox.snapshot().id
         home = own_engine.home
         assert _mode(home) == 0o700
         assert _mode(home / "engine.sqlite") == 0o600  # the ledger holds command output

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,14 +19,13 @@ import pytest
 import pytest_asyncio
 
 from engine_fake import Engines, FakeEngine, chain, set_status
-from sandfork.backends.agent_link import AgentError
-from sandfork.backends.fake import FakeHost
-from sandfork.engine import pausing
+from sandfork.backends.agent_link import AgentErrorReply
+from sandfork.backends.fake import TIMES_OUT, FakeHost
 from sandfork.engine.db import Database
-from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound
-from sandfork.engine.limits import LimitExceeded
+from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, OverLimit, Timeout
+from sandfork.engine.execution import ShellCommand
 from sandfork.engine.promotion import promote
-from sandfork.protocol import HIBERNATION_OF
+from sandfork.protocol import BootMode, ErrorKind, OnExpiry, SandboxStatus
 
 
 @pytest.fixture
@@ -103,6 +104,121 @@ async def test_a_sandbox_that_fails_to_start_leaves_nothing(
     assert fake_engine.layers() == set()
     assert sandbox_dirs(fake_engine) == set()
     assert host.guests == {}
+
+
+@pytest.mark.asyncio
+async def test_a_command_killed_at_its_timeout_is_a_timeout_also_in_the_ledger(
+    fake_engine: FakeEngine,
+) -> None:
+    sandbox = await fake_engine.create()
+    with pytest.raises(Timeout) as killed:
+        await fake_engine.exec(sandbox.id, TIMES_OUT)
+    assert killed.value.kind is ErrorKind.TIMEOUT and killed.value.message.startswith("timeout")
+    (call,) = fake_engine.services.execution.ledger_events(sandbox.id)
+    failed = {"status": 504, "error": killed.value.message, "kind": "timeout"}
+    assert call["result"] == {"failed": failed}  # what a resume replays
+    stream = fake_engine.services.execution.exec_stream(sandbox.id, ShellCommand(TIMES_OUT))
+    with pytest.raises(Timeout) as streamed:
+        async for _ in stream:
+            pass
+    assert streamed.value.kind is ErrorKind.TIMEOUT
+
+
+# -- records ----------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_relations_are_fields_of_the_record_and_shown_in_its_metadata_too(
+    engines: Engines, fake_engine: FakeEngine
+) -> None:
+    snapshots = fake_engine.services.snapshots
+    parent = await fake_engine.create()
+    (child,) = await snapshots.fork(parent.id, 1, metadata={"mine": "x"}, reseed_python=False)
+    assert (child.fork_parent_id, child.metadata) == (parent.id, {"mine": "x"})
+    shown = child.to_api()
+    assert shown["fork_parent_id"] == parent.id and shown["fork_tree_id"] == child.fork_tree_id
+    relations = {"fork_parent_id": parent.id, "fork_tree_id": child.fork_tree_id}
+    assert shown["metadata"] == {"mine": "x", **relations}  # PandaStack's clients read it there
+    await snapshots.checkpoint(parent.id, "c")
+    resumed, _ = await snapshots.resume(parent.id, "c")
+    assert (resumed.resumed_from, resumed.metadata) == (parent.id, {})
+
+    fake_engine = await engines.restart(fake_engine)
+    again = fake_engine.services.sandboxes.get(child.id)
+    assert (again.fork_parent_id, again.fork_tree_id) == (parent.id, child.fork_tree_id)
+    assert again.metadata == {"mine": "x"}
+    assert fake_engine.services.sandboxes.get(resumed.id).resumed_from == parent.id
+
+
+# The tables of an engine of an earlier version: the CPUs in "cpus", no lease or host access
+# yet, the relations in the metadata.
+_EARLIER_TABLES = """
+CREATE TABLE sandboxes (id TEXT PRIMARY KEY, template TEXT NOT NULL, status TEXT NOT NULL,
+    cpus INTEGER NOT NULL, memory_mb INTEGER NOT NULL, created_at TEXT NOT NULL,
+    metadata TEXT NOT NULL DEFAULT '{}', persistent INTEGER NOT NULL DEFAULT 0,
+    backend TEXT NOT NULL, accelerator TEXT NOT NULL, dir TEXT NOT NULL, pid INTEGER,
+    boot_ms INTEGER, error TEXT, from_snapshot TEXT, disk TEXT NOT NULL, vm TEXT NOT NULL,
+    boot_mode TEXT NOT NULL DEFAULT 'cold');
+CREATE TABLE snapshots (id TEXT PRIMARY KEY, name TEXT, created_at TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL, template TEXT NOT NULL, parent_id TEXT, disk TEXT NOT NULL,
+    vm TEXT NOT NULL, contexts TEXT NOT NULL DEFAULT '[]', size_bytes INTEGER NOT NULL,
+    paused_ms INTEGER NOT NULL DEFAULT 0, hidden INTEGER NOT NULL DEFAULT 0,
+    metadata TEXT NOT NULL DEFAULT '{}');
+INSERT INTO sandboxes VALUES ('sbx_0123456789abcdef', 'code-interpreter', 'hibernated', 2, 512,
+    '2026-01-01T00:00:00Z', '{"mine": "kept", "fork_parent_id": "sbx_fedcba9876543210",
+    "fork_tree_id": "tree_0123456789abcdef"}', 0, 'vm', 'tcg', '/x', NULL, 900, NULL, NULL,
+    '/x/disk.qcow2', '{"cpus": 2}', 'template');
+INSERT INTO snapshots VALUES ('snap_0123456789abcdef', NULL, '2026-01-01T00:00:01Z',
+    'sbx_0123456789abcdef', 'code-interpreter', NULL, '/l.qcow2', '{"memory_mb": 512}', '[]',
+    10, 5, 0, '{"hibernation_of": "sbx_0123456789abcdef"}');
+"""
+
+
+def test_a_database_of_an_earlier_version_opens_its_relations_moved_out_of_metadata(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "engine.sqlite"
+    with contextlib.closing(sqlite3.connect(path)) as earlier:
+        earlier.executescript(_EARLIER_TABLES)
+    db = Database(path)
+    (record,) = db.all()
+    assert (record.status, record.cpu, record.boot_mode) == ("hibernated", 2, "template")
+    assert isinstance(record.status, SandboxStatus) and isinstance(record.boot_mode, BootMode)
+    assert (record.on_expiry, record.host_access, record.lease_seconds) == (
+        OnExpiry.KILL,
+        False,
+        None,
+    )
+    assert record.metadata == {"mine": "kept"}
+    assert (record.fork_parent_id, record.fork_tree_id) == (
+        "sbx_fedcba9876543210",
+        "tree_0123456789abcdef",
+    )
+    (snap,) = db.snapshots()
+    assert (snap.hibernation_of, snap.metadata, snap.memory_mb) == (record.id, {}, 512)
+    record.cpu, record.on_expiry = 4, OnExpiry.HIBERNATE
+    db.put(record)
+    db.close()
+    assert Database(path).all() == [record]
+
+
+@pytest.mark.asyncio
+async def test_the_snapshot_listing_keeps_those_whose_metadata_matches(
+    fake_engine: FakeEngine,
+) -> None:
+    snapshots = fake_engine.services.snapshots
+    sandbox = await fake_engine.create()
+    one = await snapshots.snapshot(sandbox.id, metadata={"kernel": "k1", "cell": "1"})
+    two = await snapshots.snapshot(sandbox.id, metadata={"kernel": "k1", "cell": "2"})
+    await snapshots.snapshot(sandbox.id, metadata={"kernel": "k2"})
+
+    def listed(**wanted: str) -> set[str]:
+        return {s.id for s in snapshots.visible(sandbox.id, wanted)}
+
+    assert listed(kernel="k1") == {one.id, two.id}
+    assert listed(kernel="k1", cell="2") == {two.id}
+    assert listed(kernel="k1", cell="3") == listed(cell="") == set()
+    assert len(listed()) == 3
 
 
 # -- layers ---------------------------------------------------------------------------------
@@ -227,7 +343,7 @@ async def test_a_failed_restore_leaves_nothing(fake_engine: FakeEngine, host: Fa
 async def test_max_sandboxes_refuses_before_any_work(engines: Engines, host: FakeHost) -> None:
     engine = await engines.start(limits={"max_sandboxes": 2})
     first, _ = await engine.create(), await engine.create()
-    with pytest.raises(LimitExceeded, match="max_sandboxes") as refused:
+    with pytest.raises(OverLimit, match="max_sandboxes") as refused:
         await engine.create()
     assert refused.value.status == 429
     assert host.calls["create"] == 2
@@ -242,7 +358,7 @@ async def test_max_sandboxes_refuses_before_any_work(engines: Engines, host: Fak
 async def test_max_total_memory_refuses_before_any_work(engines: Engines, host: FakeHost) -> None:
     engine = await engines.start(limits={"max_total_memory_mb": 1000})
     await engine.create(memory_mb=600)
-    with pytest.raises(LimitExceeded, match="max_total_memory_mb") as refused:
+    with pytest.raises(OverLimit, match="max_total_memory_mb") as refused:
         await engine.create(memory_mb=600)
     assert refused.value.status == 429
     assert host.calls["create"] == 1 and len(engine.layers()) == 1
@@ -256,7 +372,7 @@ async def test_a_fork_that_would_not_fit_is_refused_before_its_capture(
     engine = await engines.start(limits={"max_sandboxes": 3})
     parent = await engine.create()
     fork = engine.services.snapshots.fork
-    with pytest.raises(LimitExceeded, match="max_sandboxes"):
+    with pytest.raises(OverLimit, match="max_sandboxes"):
         await fork(parent.id, 3, metadata={}, reseed_python=False)
     assert host.calls["snapshot"] == 0 and host.calls["restore"] == 0
     children = await fork(parent.id, 2, metadata={}, reseed_python=False)
@@ -273,15 +389,18 @@ async def test_a_promote_kills_the_parent_only_when_asked_and_siblings_of_its_tr
     parent = await fake_engine.create()
     first = await fork(parent.id, 2, metadata={}, reseed_python=False)
     second = await fork(parent.id, 1, metadata={}, reseed_python=False)
-    tree = first[0].metadata["fork_tree_id"]
-    assert first[1].metadata["fork_tree_id"] == tree != second[0].metadata["fork_tree_id"]
+    tree = first[0].fork_tree_id
+    assert first[1].fork_tree_id == tree != second[0].fork_tree_id
+    assert first[0].fork_parent_id == parent.id and first[0].metadata == {}
 
     done = await promote(sandboxes, first[0].id, kill_siblings=True, tree_id=tree)
     assert (done.siblings, done.parent, done.failures) == ([first[1].id], [], {})
     assert sandboxes.get(parent.id).status == "running"  # PandaStack's promote: never the parent
     assert sandboxes.get(second[0].id).status == "running"  # another fork call's child
-    assert "fork_tree_id" not in sandboxes.get(first[0].id).metadata
-    assert sandboxes.get(first[0].id).metadata["promoted_from"] == parent.id
+    promoted = sandboxes.get(first[0].id)
+    assert (promoted.fork_parent_id, promoted.fork_tree_id) == (None, None)
+    assert promoted.promoted_from == parent.id
+    assert promoted.to_api()["metadata"] == {"promoted_from": parent.id}  # PandaStack reads it
 
     done = await promote(sandboxes, second[0].id, kill_siblings=False, kill_parent=True)
     assert done.parent == [parent.id]
@@ -295,7 +414,7 @@ async def test_the_snapshot_quota_counts_stored_snapshots(engines: Engines, host
     a = await engine.create()
     await engine.write(a.id, "data", b"x" * 450 * 1024)  # a capture stores ~600 KiB
     first = await engine.services.snapshots.snapshot(a.id, "first")
-    with pytest.raises(LimitExceeded, match="snapshot_quota_mb") as refused:
+    with pytest.raises(OverLimit, match="snapshot_quota_mb") as refused:
         await engine.services.snapshots.snapshot(a.id, "second")
     assert refused.value.status == 429
     assert host.calls["snapshot"] == 1
@@ -409,22 +528,22 @@ async def test_a_paused_sandbox_refuses_work_keeps_its_lease_and_goes_on_when_re
     sandbox = await fake_engine.create()
     sandboxes.lease(sandbox.id, 10)
     await fake_engine.write(sandbox.id, "/root/kept", b"state")
-    paused = await pausing.pause(sandboxes, sandbox.id, wait=5)
+    paused = await sandboxes.pause(sandbox.id, wait=5)
     assert paused.status == "paused" and host.guests[sandbox.pid].frozen
-    assert (await pausing.pause(sandboxes, sandbox.id, wait=5)).status == "paused"  # idempotent
+    assert (await sandboxes.pause(sandbox.id, wait=5)).status == "paused"  # idempotent
     with pytest.raises(Conflict, match="is paused: resume it first"):
         await fake_engine.exec(sandbox.id, "echo hi")
     with pytest.raises(Conflict, match="is paused"):
         await fake_engine.services.snapshots.snapshot(sandbox.id, "s")
     with pytest.raises(Conflict, match="is paused"):
-        await fake_engine.services.snapshots.hibernate(sandbox.id)
+        await fake_engine.services.sandboxes.hibernate(sandbox.id)
     await fake_engine.advance(8)
     sandboxes.lease(sandbox.id, None)  # a renewal while paused
     await fake_engine.advance(8)
-    resumed = await pausing.unpause(sandboxes, sandbox.id)
+    resumed = await sandboxes.unpause(sandbox.id)
     assert resumed.status == "running" and not host.guests[sandbox.pid].frozen
     assert await fake_engine.read(sandbox.id, "/root/kept") == b"state"
-    assert (await pausing.unpause(sandboxes, sandbox.id)).status == "running"
+    assert (await sandboxes.unpause(sandbox.id)).status == "running"
 
 
 @pytest.mark.asyncio
@@ -434,7 +553,7 @@ async def test_a_pause_waits_for_the_work_in_flight(
     sandboxes = fake_engine.services.sandboxes
     sandbox = await fake_engine.create()
     async with sandboxes.activity.operation(sandbox.id):  # an exec, say, still running
-        pause = asyncio.create_task(pausing.pause(sandboxes, sandbox.id, wait=60))
+        pause = asyncio.create_task(sandboxes.pause(sandbox.id, wait=60))
         for _ in range(10):  # let it run as far as it can
             await asyncio.sleep(0)
         assert not pause.done() and not host.guests[sandbox.pid].frozen
@@ -447,7 +566,7 @@ async def test_a_restart_and_a_kill_let_a_paused_sandbox_go(
 ) -> None:
     kept, killed = await fake_engine.create(), await fake_engine.create()
     for sandbox in (kept, killed):
-        await pausing.pause(fake_engine.services.sandboxes, sandbox.id, wait=5)
+        await fake_engine.services.sandboxes.pause(sandbox.id, wait=5)
     await fake_engine.services.sandboxes.kill(killed.id)
     assert killed.pid not in host.guests
     fake_engine = await engines.restart(fake_engine)
@@ -465,7 +584,7 @@ async def test_a_sandbox_still_starting_is_dropped_and_swept(
     engines: Engines, fake_engine: FakeEngine, host: FakeHost
 ) -> None:
     sandbox = await fake_engine.create()
-    fake_engine = await engines.restart(fake_engine, set_status(sandbox.id, "starting"))
+    fake_engine = await engines.restart(fake_engine, set_status(sandbox.id, SandboxStatus.STARTING))
     with pytest.raises(NotFound):
         fake_engine.services.sandboxes.get(sandbox.id)
     assert fake_engine.db.all() == []
@@ -480,8 +599,8 @@ async def test_a_sandbox_left_waking_sleeps_again_and_wakes_from_its_capture(
 ) -> None:
     sandbox = await fake_engine.create()
     await fake_engine.write(sandbox.id, "f", b"before sleep")
-    await fake_engine.services.snapshots.hibernate(sandbox.id)
-    fake_engine = await engines.restart(fake_engine, set_status(sandbox.id, "waking"))
+    await fake_engine.services.sandboxes.hibernate(sandbox.id)
+    fake_engine = await engines.restart(fake_engine, set_status(sandbox.id, SandboxStatus.WAKING))
     assert fake_engine.services.sandboxes.get(sandbox.id).status == "hibernated"
     assert await fake_engine.read(sandbox.id, "f") == b"before sleep"  # any use wakes it
     assert fake_engine.services.sandboxes.get(sandbox.id).status == "running"
@@ -493,11 +612,12 @@ async def test_a_hibernation_capture_of_a_sandbox_not_asleep_is_dropped(
 ) -> None:
     sandbox = await fake_engine.create()
     # What an engine killed between hibernate's capture and the stop of the sandbox leaves.
-    capture = await fake_engine.services.snapshots.snapshot(
-        sandbox.id, metadata={HIBERNATION_OF: sandbox.id}
-    )
+    sandboxes = fake_engine.services.sandboxes
+    async with sandboxes.lock(sandbox.id):
+        capture = await sandboxes.capture(sandbox.id, hibernation=True)
+    assert sandboxes.hibernation_capture(sandbox.id) == capture
     fake_engine = await engines.restart(fake_engine)
-    assert fake_engine.store.hibernation_of(sandbox.id) is None
+    assert fake_engine.services.sandboxes.hibernation_capture(sandbox.id) is None
     assert fake_engine.db.snapshots() == []
     fake_engine.store.drain()
     assert not (fake_engine.store.dir / capture.id).exists()
@@ -554,22 +674,22 @@ async def test_unknown_layers_incomplete_snapshots_and_trash_are_removed(
 async def test_hibernate_and_wake_keep_the_id_and_restore_the_captured_state(
     fake_engine: FakeEngine, host: FakeHost
 ) -> None:
-    snapshots = fake_engine.services.snapshots
+    sandboxes, snapshots = fake_engine.services.sandboxes, fake_engine.services.snapshots
     sandbox = await fake_engine.create()
     slept = sandbox.pid
     await fake_engine.write(sandbox.id, "f", b"before sleep")
-    asleep = await snapshots.hibernate(sandbox.id)
+    asleep = await sandboxes.hibernate(sandbox.id)
     assert (asleep.id, asleep.status, asleep.pid) == (sandbox.id, "hibernated", None)
     assert host.guests == {} and sandbox_dirs(fake_engine) == set()
     assert snapshots.visible() == []  # its capture is not listed
-    assert snapshots.store.hibernation_of(sandbox.id) is not None
+    assert sandboxes.hibernation_capture(sandbox.id) is not None
 
-    awake = await snapshots.wake(sandbox.id)
+    awake = await sandboxes.wake(sandbox.id)
     assert (awake.id, awake.status) == (sandbox.id, "running")
     assert awake.pid is not None and awake.pid != slept
     files = host.guests[awake.pid].files
     assert files == {"/root/f": base64.b64encode(b"before sleep").decode()}
-    assert snapshots.store.hibernation_of(sandbox.id) is None  # deleted once it runs
+    assert sandboxes.hibernation_capture(sandbox.id) is None  # deleted once it runs
     assert fake_engine.layers() == set(chain(awake.disk)[:-1])  # its chain, not the template's
 
 
@@ -603,7 +723,8 @@ async def test_a_first_boot_the_guest_fails_is_a_clear_error_and_leaves_nothing(
     engines: Engines, host: FakeHost
 ) -> None:
     engine = await engines.start(boot_captures=True)
-    host.fail("boot_capture", AgentError("Timeout", "kernel did not become ready within 600 s"))
+    failure = AgentErrorReply("Timeout", "kernel did not become ready within 600 s")
+    host.fail("boot_capture", failure)
     with pytest.raises(ApiError, match=r"first boot of template .* within 600 s") as caught:
         await engine.create()
     assert caught.value.status == 504

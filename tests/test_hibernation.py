@@ -63,7 +63,7 @@ def test_hibernated_sandbox_wakes_on_use_with_its_state(own_engine: EngineProces
         assert sandbox.status == "running"
         sandbox.wake()  # idempotent
         sandbox.hibernate()
-        snapshot_id = sandbox.snapshot("after sleep")
+        snapshot_id = sandbox.snapshot("after sleep").id
         restored = Sandbox.create(from_snapshot=snapshot_id, client=client)
         assert restored.create_code_context().run_code("int(kept[-1])").text == "999999"
         restored.kill()

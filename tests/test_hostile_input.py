@@ -19,10 +19,11 @@ import requests
 
 from conftest import EngineProcess
 from hostile_cases import CASES, MIB, Case
-from sandfork.backends.agent_link import AgentError, AgentTimeout
+from sandfork.backends.agent_link import AgentErrorReply, AgentTimeout
 from sandfork.engine.db import SandboxRecord
 from sandfork.engine.errors import ApiError, Unresponsive
-from sandfork.engine.execution import UNRESPONSIVE, agent_failures
+from sandfork.engine.live import UNRESPONSIVE, agent_failures
+from sandfork.protocol import SandboxStatus
 
 pytestmark = pytest.mark.portable  # runs on every backend (the suite's container pass too)
 
@@ -211,12 +212,14 @@ def _assert_answers(engine: EngineProcess, sandbox_id: str) -> None:
 
 
 def test_the_unresponsive_mark_goes_when_the_agent_answers_again() -> None:
-    record = SandboxRecord("sbx_0123456789abcdef", "t", "running", 1, 256, "", "vm", "tcg", "")
+    record = SandboxRecord(
+        id="sbx_0123456789abcdef", template="t", status=SandboxStatus.RUNNING, cpu=1, memory_mb=256
+    )
     with pytest.raises(Unresponsive), agent_failures(record):
         raise AgentTimeout("ping", 5)
     assert record.error is not None and record.error.startswith(UNRESPONSIVE)
     with pytest.raises(ApiError), agent_failures(record):
-        raise AgentError("NotFound", "no such file")  # an answer, if a failure
+        raise AgentErrorReply("NotFound", "no such file")  # an answer, if a failure
     assert record.error is None
     record.error = "its VM exited"  # any other error stays
     with agent_failures(record):

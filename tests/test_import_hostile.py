@@ -36,6 +36,7 @@ from sandfork.engine.exchange import (
     unpack,
 )
 from sandfork.engine.manifest import parse_manifest
+from sandfork.protocol import MIN_MEMORY_MB
 from sandfork.templates import BuiltTemplate, ensure_template
 
 MIB = 2**20
@@ -270,7 +271,7 @@ def _mutate(doc: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
         (
             "snapshot.vm.memory_mb",
             10 * 2**20 * 1024,
-            r"memory_mb must be an integer from 128 to 1024",
+            rf"memory_mb must be an integer from {MIN_MEMORY_MB} to 1024",
         ),
         ("snapshot.vm.memory_mb", "256", r"memory_mb must be an integer"),
         ("snapshot.vm.cpus", 4096, r"cpus must be an integer from 1 to 4"),
@@ -501,7 +502,11 @@ def test_engine_imports_under_a_new_id(
     [
         ("snapshot.id", "/tmp/sandfork-planted", r"snapshot.id"),
         ("snapshot.id", "../../../../../../tmp/sandfork-planted", r"snapshot.id"),
-        ("snapshot.vm.memory_mb", 10 * 2**20 * 1024, r"memory_mb must be an integer from 128"),
+        (
+            "snapshot.vm.memory_mb",
+            10 * 2**20 * 1024,
+            rf"memory_mb must be an integer from {MIN_MEMORY_MB}",
+        ),
         ("snapshot.vm.cpus", 4096, r"cpus must be an integer from 1 to"),
         ("snapshot.surprise", 1, r"unknown field 'surprise' in snapshot"),
         ("snapshot.vm.surprise", 1, r"unknown field 'surprise' in snapshot.vm"),

@@ -442,7 +442,7 @@ def test_a_snapshot_carries_its_inventory_and_two_compare(
         )
         assert setup.error is None, setup.error
         before = ctx.run_code("len(In)")
-        first = sb.snapshot()
+        first = sb.snapshot().id
         after = ctx.run_code("len(In)")
         # The inventory is silent: no execution count, no history.
         assert after.execution_count == before.execution_count + 1  # type: ignore[operator]
@@ -464,7 +464,7 @@ def test_a_snapshot_carries_its_inventory_and_two_compare(
         assert raw.status_code == 200 and raw.json()["status"] == "ok"
 
         ctx.run_code("df.loc[5, 'a'] = -5\nm = 2\ndel n")
-        second = sb.snapshot()
+        second = sb.snapshot().id
         d = Snapshot.get(first, client=client).diff(Snapshot.get(second, client=client))
         assert [c.name for c in d.changed] == ["df"]
         assert [v.name for v in d.added] == ["m"] and [v.name for v in d.removed] == ["n"]
@@ -500,7 +500,7 @@ def test_a_busy_kernel_does_not_hold_the_snapshot_up(client: Client) -> None:
         cell.start()
         while sb.exec("test -e /tmp/cell-started").exit_code != 0:  # the cell is running
             assert cell.is_alive(), outcome
-        busy = sb.snapshot()
+        busy = sb.snapshot().id
         assert cell.is_alive() and not outcome  # the snapshot came while the cell ran on
         inv = inventory_of(client, busy)
         assert inv.status == "unavailable" and inv.variables == ()

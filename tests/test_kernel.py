@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from jupyter_client.manager import start_new_kernel
 from conftest import EngineProcess
 from kernel_client import execute as _execute
 from kernel_client import stdout as _stdout
+from sandfork.protocol import SANDBOX_ID
 from sandfork.sdk import Sandbox
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env")]
@@ -86,6 +88,22 @@ class SandforkKernelTests(jupyter_kernel_test.KernelTests):
         reply = self.kc.kernel_info(reply=True, timeout=60)
         assert reply["content"]["language_info"]["version"].startswith("3.11")
         assert reply["content"]["implementation"] == "ipython"
+
+    def test_sandfork_kernel_info_names_the_sandbox_even_while_a_cell_runs(self) -> None:
+        self.flush_channels()
+        shell = self.kc.kernel_info(reply=True, timeout=60)["content"]
+        attached = shell["sandfork"]
+        assert re.fullmatch(SANDBOX_ID, attached["sandbox_id"]) and attached["owned"] is True
+        # A cell waiting for input keeps the guest busy: the proxy answers on control itself.
+        msg_id = self.kc.execute("input('wait')", allow_stdin=True)
+        assert self.kc.get_stdin_msg(timeout=60)["msg_type"] == "input_request"
+        request = self.kc.session.msg("kernel_info_request")
+        self.kc.control_channel.send(request)
+        reply = self.kc.control_channel.get_msg(timeout=60)
+        assert reply["parent_header"]["msg_id"] == request["header"]["msg_id"]
+        assert reply["content"] == shell  # the guest's info, as last relayed, and the sandbox
+        self.kc.input("done")
+        assert self.kc.get_shell_msg(timeout=60)["parent_header"]["msg_id"] == msg_id
 
     def test_sandfork_runs_in_the_guest(self) -> None:
         self.flush_channels()

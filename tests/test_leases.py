@@ -20,8 +20,9 @@ import requests
 from jupyter_client.manager import KernelManager
 
 from conftest import EngineProcess
+from kernel_client import kernel_sandbox
 from sandfork.engine.leases import Leases
-from sandfork.proxy_kernel.state import load_state, state_file
+from sandfork.proxy_kernel.state import state_file
 from sandfork.sdk import Client, NotFoundError, Sandbox
 from sandfork.sdk.errors import BadRequestError
 
@@ -93,9 +94,7 @@ def _kernel(engine: EngineProcess, lease: float, *args: str) -> Iterator[tuple[K
     km = KernelManager(kernel_name="sandfork")
     km.start_kernel(env=env, extra_arguments=list(args))
     try:
-        state = state_file(km.connection_file)
-        attached = _wait_for(lambda: load_state(state), HANG, "the kernel attached to a sandbox")
-        yield km, str(attached["sandbox_id"])
+        yield km, str(kernel_sandbox(km, HANG)["sandbox_id"])
     finally:
         km.shutdown_kernel(now=True)
 
@@ -253,8 +252,7 @@ def test_a_sigterm_during_a_restart_leaves_the_sandbox_to_the_next_kernel(
         km.restart_kernel()  # a new process on the same connection file
         assert _pid(km) != old
         assert _status(client, sandbox_id) == "running"
-        state = state_file(km.connection_file)
-        assert load_state(state)["sandbox_id"] == sandbox_id  # type: ignore[index]
+        assert kernel_sandbox(km, HANG)["sandbox_id"] == sandbox_id
         since = _log_size(engine)  # the old process is gone: renewals from here are the new one's
         _wait_for(lambda: _renewals(engine, sandbox_id, since), HANG, "the new process renews")
         assert _status(client, sandbox_id) == "running"

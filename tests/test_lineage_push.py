@@ -60,7 +60,7 @@ def test_the_change_feed_answers_when_something_changes_and_only_then(
         sandbox.hibernate()  # a status change moves it
         assert _changes(engine, cursor, wait=5) != cursor
         cursor = _changes(engine)
-        snapshot_id = sandbox.snapshot("pushed")  # wakes it and makes a snapshot
+        snapshot_id = sandbox.snapshot("pushed").id  # wakes it and makes a snapshot
         assert _changes(engine, cursor, wait=5) != cursor
         assert snapshot_id
     finally:

@@ -69,14 +69,14 @@ def test_a_chain_of_five_snapshots_restores_link_by_link(
     client = own_engine.client()
     original = Sandbox.create(client=client)
     _run(original, SETUP)
-    base = original.snapshot("base")
+    base = original.snapshot("base").id
     original.kill()
     sandbox = Sandbox.create(from_snapshot=base, client=client)
     chain: list[tuple[str, tuple[str, str]]] = []
     try:
         for step in range(1, 6):  # change, snapshot, change, ...
             _run(sandbox, CHANGE.format(step=step))
-            chain.append((sandbox.snapshot(f"step {step}"), _digests(sandbox)))
+            chain.append((sandbox.snapshot(f"step {step}").id, _digests(sandbox)))
     finally:
         sandbox.kill()
     assert len({digests for _, digests in chain}) == 5  # five different states
@@ -123,7 +123,7 @@ def test_forks_of_a_restored_sandbox_are_isolated(own_engine: EngineProcess) -> 
     client = own_engine.client()
     original = Sandbox.create(client=client)
     _run(original, SETUP)
-    snapshot_id = original.snapshot()
+    snapshot_id = original.snapshot().id
     original.kill()
     parent = Sandbox.create(from_snapshot=snapshot_id, client=client)
     children = parent.fork_tree(3)

@@ -211,7 +211,7 @@ def test_a_restored_copy_and_a_fork_serve_through_their_own_urls(
     try:
         _serve(box)
         box.filesystem.write("/tmp/site/index.html", "original")
-        snapshot = box.snapshot()
+        snapshot = box.snapshot().id
         copies.append(Sandbox.create(from_snapshot=snapshot, client=client))
         copies.append(box.fork())
         for copy, text in zip(copies, ("restored", "forked"), strict=True):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from sandfork.protocol import MIN_MEMORY_MB
 from sandfork.templates import (
     BuiltTemplate,
     TemplateError,
@@ -114,7 +115,7 @@ def test_user_templates_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ('pip = ["--index-url=http://x"]', r"field 'pip\[0\]': pip options are not allowed"),
         ('disk_size_mb = "4G"', r"field 'disk_size_mb': expected an integer, got a string"),
         ("cpus = true", r"field 'cpus': expected an integer, got a boolean"),
-        ("memory_mb = 64", r"field 'memory_mb': must be between 128 and"),
+        ("memory_mb = 64", rf"field 'memory_mb': must be between {MIN_MEMORY_MB} and"),
         ('setup = "make"', r"field 'setup': expected a list of strings"),
         ('files = ["a"]', r"field 'files': expected a table of path = content, got a list"),
         ('[files]\n"etc/x" = "y"', r"field 'files.'etc/x'': must be an absolute path"),

@@ -5,18 +5,17 @@ next request with its state. Real kernels, engine and VMs."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager, start_new_kernel
 
 from conftest import EngineProcess
-from kernel_client import execute, sandbox_id, stdout, wait_status
+from kernel_client import execute, kernel_sandbox, sandbox_id, stdout, wait_status
 from sandfork.proxy_kernel.checkpoints import CellCheckpoints
-from sandfork.proxy_kernel.state import load_state, state_file
 from sandfork.sdk import Client, NotFoundError, Sandbox, Snapshot
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env"), pytest.mark.portable]
@@ -90,8 +89,7 @@ def test_rewind_to_before_a_cell_follows_the_kernels_own_history(
 ) -> None:
     km, kc = kernel
     assert _silent(kc, "%checkpoints on 10")["status"] == "ok"
-    state = load_state(state_file(km.connection_file))
-    assert state is not None and state["checkpoints"]["enabled"] is True
+    assert kernel_sandbox(km)["checkpoints"]["enabled"] is True
     for i, name in enumerate(NAMES, start=1):
         execute(kc, f"{name} = {i}", cell_id=f"cell-{i}")
 
@@ -126,16 +124,16 @@ def test_old_checkpoints_go_and_named_ones_stay(client: Client) -> None:
             checkpoints.started(f"m{i}", f"x = {i}", {"cellId": f"c{i}"})
             metadata = checkpoints.finished(f"m{i}", b'{"execution_count": %d}' % i)
             assert metadata is not None
-            taken.append(checkpoints.take(sandbox, metadata).id)
+            taken.append(asyncio.run(checkpoints.take(sandbox, metadata)).id)
             if i == 0:
                 Snapshot.get(taken[0], client=client).rename("keep me")
-        kept = {s.id for s in checkpoints.listed(sandbox)}
+        kept = {s.id for s in asyncio.run(checkpoints.listed(sandbox))}
         assert kept == {taken[0], taken[2], taken[3]}  # the named one and the newest two
         with pytest.raises(NotFoundError):
             Snapshot.get(taken[1], client=client)
         # The history runs back through the named one; the collected link ends it.
-        assert [s.id for s in checkpoints.history(sandbox)] == [taken[3], taken[2]]
-        for snapshot in checkpoints.listed(sandbox):
+        assert [s.id for s in asyncio.run(checkpoints.history(sandbox))] == [taken[3], taken[2]]
+        for snapshot in asyncio.run(checkpoints.listed(sandbox)):
             snapshot.delete()
 
 
@@ -196,14 +194,11 @@ def test_an_idle_kernel_hibernates_and_the_next_request_wakes_it(
     assert "usage" in str(_silent(kc, "%hibernate after soon")["evalue"])
 
 
-def test_the_kernel_state_file_names_its_lineage(
+def test_the_kernel_info_names_its_lineage(
     kernel: tuple[KernelManager, BlockingKernelClient],
 ) -> None:
     km, kc = kernel
-    state = load_state(Path(km.connection_file + ".sandfork"))
-    assert state is not None
-    checkpoints = state["checkpoints"]
+    checkpoints = kernel_sandbox(km)["checkpoints"]
     assert checkpoints["enabled"] is False and len(checkpoints["lineage"]) == 32
     assert "on (the last 3 kept)" in stdout(execute(kc, "%checkpoints on 3"))
-    state = load_state(Path(km.connection_file + ".sandfork"))
-    assert state is not None and state["checkpoints"]["kept"] == 3
+    assert kernel_sandbox(km)["checkpoints"]["kept"] == 3

@@ -1,20 +1,26 @@
-"""The TypeScript SDK (typescript-sdk/): its Node test-runner tests against a real engine.
+"""The TypeScript SDK (typescript-sdk/): its wire types and its Node test-runner tests.
 
-The package is installed from its lockfile and built once per session; the tests
+The committed JSON schema (typescript-sdk/src/wire-schema.json) must be what
+``python -m sandfork.protocol.schema`` prints, the generated src/wire.ts what the schema gives
+and the SDK type-check against it (``npm run check:wire``), its routes the protocol's. The
+package is installed from its lockfile and built once per session; the tests
 (typescript-sdk/test/*.test.mjs) then run with ``node --test`` against the session's engine
 and real VMs, and must leave no sandbox behind.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import EngineProcess
+from sandfork.protocol import routes
 
 PACKAGE = Path(__file__).resolve().parent.parent / "typescript-sdk"
 VENV_BIN = Path(__file__).resolve().parent.parent / ".venv" / "bin"
@@ -78,6 +84,68 @@ def test_commonjs_and_esm_entry_points(built_package: Path) -> None:
     exported = result.stdout.strip().split(",")
     for name in ("Client", "Sandbox", "ReplayMismatch", "explore", "workflow", "AuthError"):
         assert name in exported
+
+
+def test_the_committed_wire_schema_is_the_protocols() -> None:
+    """typescript-sdk/src/wire-schema.json is what ``python -m sandfork.protocol.schema``
+    prints: the TypeScript SDK's types are made from the protocol as it is."""
+    result = subprocess.run(
+        [sys.executable, "-m", "sandfork.protocol.schema"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    committed = (PACKAGE / "src" / "wire-schema.json").read_text()
+    assert json.loads(committed) == json.loads(result.stdout), (
+        "typescript-sdk/src/wire-schema.json is stale: run `python -m sandfork.protocol.schema"
+        " > typescript-sdk/src/wire-schema.json`, then `npm run wire` in typescript-sdk"
+    )
+    assert committed == result.stdout, "wire-schema.json: same schema, other text; regenerate it"
+
+
+def test_wire_types_are_the_schemas_and_type_check(built_package: Path) -> None:
+    """``npm run check:wire``: src/wire.ts is what the schema gives, and ``tsc --noEmit``
+    passes (the SDK's handles are checked against the generated types)."""
+    env = dict(os.environ)
+    _check(_run([_tool("npm"), "run", "check:wire"], env, 300), "npm run check:wire")
+
+
+def test_the_sdk_routes_are_the_protocols(built_package: Path) -> None:
+    """typescript-sdk/src/routes.ts spells the same paths and actions as
+    ``sandfork.protocol.routes``."""
+    script = (
+        "import('@sandfork/sdk').then(({ routes: r }) => console.log(JSON.stringify({"
+        " constants: [r.API, r.HEALTH, r.CHANGES, r.TEMPLATES, r.SANDBOXES, r.SNAPSHOTS,"
+        " r.SNAPSHOT_IMPORT], sandbox: r.SANDBOX_ACTIONS, context: r.CONTEXT_ACTIONS,"
+        " snapshot: r.SNAPSHOT_ACTIONS, paths: [r.sandbox('s b', 'exec'),"
+        " r.context('s', 'c', 'run'), r.port('s', 8080), r.snapshot('p', 'export'),"
+        " r.attachment('p', 'inventory.json')] })))"
+    )
+    result = _run([_tool("node"), "-e", script], dict(os.environ), 60)
+    _check(result, "node")
+    ts = json.loads(result.stdout)
+    assert ts == {
+        "constants": [
+            routes.API,
+            routes.HEALTH,
+            routes.CHANGES,
+            routes.TEMPLATES,
+            routes.SANDBOXES,
+            routes.SNAPSHOTS,
+            routes.SNAPSHOT_IMPORT,
+        ],
+        "sandbox": sorted(routes.SANDBOX_ACTIONS),
+        "context": sorted(routes.CONTEXT_ACTIONS),
+        "snapshot": sorted(routes.SNAPSHOT_ACTIONS),
+        "paths": [
+            routes.sandbox("s b", "exec"),
+            routes.context("s", "c", "run"),
+            routes.port("s", 8080),
+            routes.snapshot("p", "export"),
+            routes.attachment("p", "inventory.json"),
+        ],
+    }
 
 
 @pytest.mark.vm

@@ -32,7 +32,7 @@ def turn1() -> None:
         "SUMMARY = df.describe()\n"
     )
     assert setup.error is None, setup.error
-    snapshot_id = sandbox.snapshot()
+    snapshot_id = sandbox.snapshot().id
     sandbox.kill()
     print(snapshot_id)
 

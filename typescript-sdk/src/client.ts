@@ -3,9 +3,9 @@
 import { NotFoundError } from "./errors.js";
 import { type ConnectionOptions, Http } from "./http.js";
 import type { Inventory, InventoryDiff } from "./inventory.js";
-import type { ExecResult, Execution, SnapshotInfo } from "./models.js";
+import type { ExecResult, Execution } from "./models.js";
 import { type CheckpointInfo, type ExecOptions, Sandbox } from "./sandbox.js";
-import { inventoryDiff, snapshotInventory } from "./snapshots.js";
+import { type SnapshotRef, inventoryDiff, snapshotInventory } from "./snapshot.js";
 
 /** Resources of a sandbox: `cpu` ("1", 2) and `memory` ("512Mi", "1Gi", or megabytes). */
 export interface Resources {
@@ -193,14 +193,14 @@ export class Client {
 
   /**
    * The variable inventory of a snapshot (an id, e.g. a checkpoint's `snapshotId`, or a
-   * `SnapshotInfo`): see `snapshotInventory`.
+   * `Snapshot`): see `snapshotInventory`.
    */
-  snapshotInventory(snapshot: string | SnapshotInfo): Promise<Inventory> {
+  snapshotInventory(snapshot: SnapshotRef): Promise<Inventory> {
     return snapshotInventory(snapshot, { client: this.http });
   }
 
   /** What changed in the variables from snapshot `from` to snapshot `to`: see `inventoryDiff`. */
-  inventoryDiff(from: string | SnapshotInfo, to: string | SnapshotInfo): Promise<InventoryDiff> {
+  inventoryDiff(from: SnapshotRef, to: SnapshotRef): Promise<InventoryDiff> {
     return inventoryDiff(from, to, { client: this.http });
   }
 }

@@ -6,7 +6,7 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
 
-import { SandforkError } from "./errors.js";
+import { EngineUnreachable } from "./errors.js";
 
 /** Where the engine is and the key it wants. */
 export interface Connection {
@@ -67,12 +67,14 @@ export async function startLocalEngine(timeoutMs = 30_000): Promise<Connection> 
   child.unref();
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
-    if (failure) throw new SandforkError(`could not start the local engine: ${failure.message}`);
+    if (failure) {
+      throw new EngineUnreachable(`could not start the local engine: ${failure.message}`);
+    }
     const conn = localEngine();
     if (conn) return conn;
     await delay(100);
   }
-  throw new SandforkError(`the local engine did not start within ${timeoutMs / 1000} s`);
+  throw new EngineUnreachable(`the local engine did not start within ${timeoutMs / 1000} s`);
 }
 
 /** The engine to talk to: explicit options, the environment, the local engine (started). */
@@ -84,7 +86,7 @@ export async function resolveConnection(
   const apiKey = options.apiKey ?? found?.apiKey;
   if (baseUrl && apiKey) return { baseUrl, apiKey };
   if (options.autoStart === false || options.baseUrl) {
-    throw new SandforkError(
+    throw new EngineUnreachable(
       "no engine configured: set SANDFORK_API and SANDFORK_API_KEY, or run `sandfork serve`",
     );
   }

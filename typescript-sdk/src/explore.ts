@@ -6,7 +6,25 @@
 
 import { SandforkError } from "./errors.js";
 import type { ExecResult, Execution } from "./models.js";
-import type { Sandbox } from "./sandbox.js";
+
+/**
+ * What `explore` needs of a fork: a `Sandbox` is one. (The Sandbox is not imported here:
+ * `sandbox.ts` imports this module for `sandbox.explore()`, and modules do not import in
+ * circles.)
+ */
+export interface ExploreFork {
+  readonly id: string;
+  exec(cmd: string, options?: { timeoutSeconds?: number }): Promise<ExecResult>;
+  createCodeContext(): Promise<{
+    runCode(code: string, options?: { timeoutSeconds?: number }): Promise<Execution>;
+  }>;
+  kill(): Promise<void>;
+}
+
+/** What `explore` forks: a `Sandbox`, whose forks are `Sandbox`es. */
+export interface Explorable<S extends ExploreFork> {
+  forkTree(options: { count: number; metadata?: Record<string, string> }): Promise<S[]>;
+}
 
 /** A candidate: a shell command, `{cmd}`, or Python code for the default context, `{code}`. */
 export type Candidate =
@@ -18,15 +36,15 @@ export type Candidate =
 export type Outcome = ExecResult | Execution;
 
 /** Rates an outcome; higher wins. `null`, `undefined`, NaN or a throw disqualify it. */
-export type ScoreFn<T> = (
+export type ScoreFn<T, S extends ExploreFork = ExploreFork> = (
   outcome: Outcome,
   candidate: T,
-  fork: Sandbox,
+  fork: S,
 ) => number | null | undefined | Promise<number | null | undefined>;
 
 /** Options of `explore`. */
-export interface ExploreOptions<T> {
-  scoreFn: ScoreFn<T>;
+export interface ExploreOptions<T, S extends ExploreFork = ExploreFork> {
+  scoreFn: ScoreFn<T, S>;
   /** Metadata for every fork. */
   metadata?: Record<string, string>;
 }
@@ -45,14 +63,14 @@ export interface CandidateReport<T> {
 }
 
 /** The winner of `explore` (its fork is alive) and every candidate's report. */
-export interface ExploreResult<T> {
-  winner: { index: number; candidate: T; sandbox: Sandbox; outcome: Outcome; score: number };
+export interface ExploreResult<T, S extends ExploreFork = ExploreFork> {
+  winner: { index: number; candidate: T; sandbox: S; outcome: Outcome; score: number };
   candidates: CandidateReport<T>[];
   /** Why the winner won, in words. */
   reason: string;
 }
 
-async function runCandidate(fork: Sandbox, candidate: Candidate): Promise<Outcome> {
+async function runCandidate(fork: ExploreFork, candidate: Candidate): Promise<Outcome> {
   if (typeof candidate === "string") return fork.exec(candidate);
   const timeoutSeconds = candidate.timeoutSeconds;
   if ("cmd" in candidate) return fork.exec(candidate.cmd, { timeoutSeconds });
@@ -60,11 +78,11 @@ async function runCandidate(fork: Sandbox, candidate: Candidate): Promise<Outcom
   return ctx.runCode(candidate.code, { timeoutSeconds });
 }
 
-async function rate<T extends Candidate>(
+async function rate<T extends Candidate, S extends ExploreFork>(
   index: number,
   candidate: T,
-  fork: Sandbox,
-  scoreFn: ScoreFn<T>,
+  fork: S,
+  scoreFn: ScoreFn<T, S>,
 ): Promise<CandidateReport<T>> {
   const report: CandidateReport<T> = {
     index,
@@ -110,13 +128,13 @@ export function explain<T>(winner: CandidateReport<T>, reports: CandidateReport<
  * `result.winner.sandbox.promote()` to make the winner replace it. If no candidate can be
  * scored, every fork is killed and a `SandforkError` lists why.
  */
-export async function explore<T extends Candidate>(
-  sandbox: Sandbox,
+export async function explore<T extends Candidate, S extends ExploreFork>(
+  sandbox: Explorable<S>,
   candidates: T[],
-  options: ExploreOptions<T>,
-): Promise<ExploreResult<T>> {
+  options: ExploreOptions<T, S>,
+): Promise<ExploreResult<T, S>> {
   const forks = await sandbox.forkTree({ count: candidates.length, metadata: options.metadata });
-  let keep: Sandbox | undefined;
+  let keep: S | undefined;
   try {
     const reports = await Promise.all(
       candidates.map((c, i) => rate(i, c, forks[i], options.scoreFn)),

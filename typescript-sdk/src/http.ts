@@ -1,7 +1,8 @@
 /** The HTTP transport of the engine's `/v1` API: JSON in, JSON out, typed errors. */
 
 import { type Connection, resolveConnection } from "./config.js";
-import { SandforkError, errorForStatus } from "./errors.js";
+import { EngineUnreachable, SandforkError, errorFor } from "./errors.js";
+import { API } from "./routes.js";
 
 /** Options of one request. */
 export interface RequestOptions {
@@ -34,7 +35,10 @@ export class Http {
     return this.connection;
   }
 
-  /** Send a request to `/v1{path}` and decode its JSON answer (`undefined` for 204). */
+  /**
+   * Send a request to `/v1{path}` (a path of `routes.ts`) and decode its JSON answer
+   * (`undefined` for 204).
+   */
   async request<T = unknown>(
     method: string,
     path: string,
@@ -48,7 +52,7 @@ export class Http {
   /** Send a request; return the response, or throw the SDK error of a failure. */
   async raw(method: string, path: string, options: RequestOptions = {}): Promise<Response> {
     const { baseUrl, apiKey } = await this.connect();
-    const url = new URL(`${baseUrl}/v1${path}`);
+    const url = new URL(`${baseUrl}${API}${path}`);
     for (const [k, v] of Object.entries(options.query ?? {})) url.searchParams.set(k, v);
     const headers: Record<string, string> = { Authorization: `Bearer ${apiKey}` };
     let body: string | Uint8Array | undefined = options.body;
@@ -62,20 +66,32 @@ export class Http {
     try {
       response = await fetch(url, { method, headers, body, signal: options.signal });
     } catch (e) {
-      throw new SandforkError(`could not reach the engine at ${baseUrl}: ${(e as Error).message}`);
+      throw new EngineUnreachable(
+        `could not reach the engine at ${baseUrl}: ${(e as Error).message}`,
+      );
     }
-    if (response.status >= 400) {
-      const text = await response.text();
-      let message = text || `HTTP ${response.status}`;
-      try {
-        message = String(JSON.parse(text).error ?? message);
-      } catch {
-        // not JSON: keep the body as the message
-      }
-      throw errorForStatus(response.status, message);
-    }
+    if (response.status >= 400) throw errorOfAnswer(response.status, await response.text());
     return response;
   }
+}
+
+/**
+ * The SDK error of a failure answer: `{"error": message, "kind": kind}` (the kind names the
+ * class); an answer that names no kind (an older engine, a proxy) is classed by its status.
+ */
+export function errorOfAnswer(status: number, text: string): SandforkError {
+  let message = text || `HTTP ${status}`;
+  let kind: unknown;
+  try {
+    const answer = JSON.parse(text) as Record<string, unknown>;
+    if (answer && typeof answer === "object") {
+      if (answer.error !== undefined) message = String(answer.error);
+      kind = answer.kind;
+    }
+  } catch {
+    // not JSON: keep the body as the message
+  }
+  return errorFor(status, message, kind);
 }
 
 let shared: Http | undefined;
@@ -84,6 +100,18 @@ let shared: Http | undefined;
 export function defaultHttp(): Http {
   shared ??= new Http();
   return shared;
+}
+
+/** How to reach the engine: a shared `Http` session, or connection options. */
+export interface ClientOption {
+  client?: Http;
+  connection?: ConnectionOptions;
+}
+
+/** The `Http` session of `options`: the one given, a new one, or the shared default. */
+export function httpOf(options: ClientOption): Http {
+  if (options.client) return options.client;
+  return options.connection ? new Http(options.connection) : defaultHttp();
 }
 
 /** One server-sent event of a streamed exec. */

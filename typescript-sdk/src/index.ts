@@ -15,24 +15,30 @@ export {
   BadRequestError,
   CommandFailed,
   ConflictError,
+  ERROR_CLASSES,
+  EngineUnreachable,
   LimitExceeded,
   NotFoundError,
   ReplayMismatch,
   SandforkError,
   ServerError,
   TimeoutError,
+  errorFor,
+  kindOf,
 } from "./errors.js";
 export { explore } from "./explore.js";
 export type {
   Candidate,
   CandidateReport,
+  Explorable,
+  ExploreFork,
   ExploreOptions,
   ExploreResult,
   Outcome,
   ScoreFn,
 } from "./explore.js";
 export { Http, defaultHttp } from "./http.js";
-export type { ConnectionOptions } from "./http.js";
+export type { ClientOption, ConnectionOptions } from "./http.js";
 export {
   INVENTORY_ATTACHMENT,
   diffInventories,
@@ -43,11 +49,21 @@ export {
 } from "./inventory.js";
 export type { Inventory, InventoryDiff, Variable, VariableChange } from "./inventory.js";
 export { Execution } from "./models.js";
-export type { ExecResult, ExecutionError, FileEntry, Result, SnapshotInfo } from "./models.js";
+export type {
+  CamelCase,
+  CamelFields,
+  ExecResult,
+  ExecutionError,
+  FileEntry,
+  Result,
+  WireFields,
+  WireObject,
+} from "./models.js";
 export { ReplayCache } from "./replay.js";
 export type { LedgerEntry } from "./replay.js";
-export { CodeContext, Files } from "./files.js";
-export { Sandbox } from "./sandbox.js";
+export { Files } from "./files.js";
+export * as routes from "./routes.js";
+export { CodeContext, Sandbox } from "./sandbox.js";
 export type {
   CheckpointInfo,
   CreateOptions,
@@ -55,7 +71,12 @@ export type {
   ExecStreamOptions,
   ForkOptions,
   PromoteResult,
+  SnapshotOptions,
 } from "./sandbox.js";
-export { inventoryDiff, snapshotInventory } from "./snapshots.js";
+export { Snapshot, inventoryDiff, snapshotInventory } from "./snapshot.js";
+export type { ListSnapshotsOptions, SnapshotRef } from "./snapshot.js";
 export { SandboxBuilder, Workflow, WorkflowFailed, workflow } from "./workflow.js";
 export type { SandboxRun, StepResult, WorkflowResult } from "./workflow.js";
+// The wire's types, enums and limits, generated from wire-schema.json (SandboxInfo,
+// SnapshotInfo, SandboxStatus, ErrorKind, LIMITS, …): a new one is exported as it comes.
+export * from "./wire.js";

@@ -1,4 +1,39 @@
-/** Results returned by the SDK: exec results, code executions with rich outputs, snapshots. */
+/**
+ * Results returned by the SDK: exec results, code executions with rich outputs; and the
+ * types that tie the SDK's handles to the wire models of `wire.ts`.
+ */
+
+/**
+ * A wire model's JSON object as the engine sent it: the fields `wire.ts` knows, typed, and
+ * every other one it carried (an engine newer than this SDK), kept as they came.
+ */
+export type WireObject<T> = T & Record<string, unknown>;
+
+/** `memory_mb` → `memoryMb`: a wire key as the SDK's handles name it. */
+export type CamelCase<S extends string> = S extends `${infer Head}_${infer Tail}`
+  ? `${Head}${Capitalize<CamelCase<Tail>>}`
+  : S;
+
+/** The fields of wire model `W` under their camelCase names, each present (a default fills
+ * an optional one). */
+export type CamelFields<W> = {
+  [K in keyof W & string as CamelCase<K>]-?: Exclude<W[K], undefined>;
+};
+
+/**
+ * What a handle that `implements WireFields<W, K, Override>` promises: the fields `K` of the
+ * wire model `W` (camelCase), each of the wire's type unless `Override` gives another (a
+ * `Date` for a time). tsc fails when `K` names a field the schema does not have, or when the
+ * handle's type of one is not the schema's: the compile-time check of the SDK against
+ * `wire-schema.json`. A field the SDK does not name is still in the handle's `info`.
+ */
+export type WireFields<
+  W,
+  K extends keyof CamelFields<W>,
+  Override extends { [P in K]?: unknown } = {},
+> = {
+  readonly [P in K]: P extends keyof Override ? Override[P] : CamelFields<W>[P];
+};
 
 /** The outcome of a shell command. `seq` is its number in the sandbox's ledger. */
 export interface ExecResult {
@@ -114,37 +149,6 @@ export class Execution {
       return data;
     }
   }
-}
-
-/** An immutable capture of a sandbox; restore it with `Sandbox.create({fromSnapshot: id})`. */
-export interface SnapshotInfo {
-  id: string;
-  name: string | null;
-  sizeBytes: number;
-  createdAt: Date;
-  sandboxId: string;
-  template: string;
-  parentId: string | null;
-  contexts: string[];
-  metadata: Record<string, string>;
-  /** Names of the files stored with the snapshot (`inventory.json`: its variable inventory). */
-  attachments: string[];
-}
-
-/** A `SnapshotInfo` from the engine's JSON. */
-export function snapshotInfo(data: Record<string, any>): SnapshotInfo {
-  return {
-    id: data.id,
-    name: data.name ?? null,
-    sizeBytes: Number(data.size_bytes ?? 0),
-    createdAt: new Date(data.created_at),
-    sandboxId: data.sandbox_id,
-    template: data.template,
-    parentId: data.parent_id ?? null,
-    contexts: [...(data.contexts ?? [])],
-    metadata: { ...(data.metadata ?? {}) },
-    attachments: [...(data.attachments ?? [])],
-  };
 }
 
 /** A directory entry of `files.list`. */

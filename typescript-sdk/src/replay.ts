@@ -1,6 +1,6 @@
 /** The client side of the execution ledger: call numbering and the replay cache of a resume. */
 
-import { ReplayMismatch, errorForStatus } from "./errors.js";
+import { ReplayMismatch, errorFor } from "./errors.js";
 
 /** One call of the ledger, as `POST /resume` hands it over. */
 export interface LedgerEntry {
@@ -46,8 +46,10 @@ export class ReplayCache {
         { kind, ...request },
       );
     }
-    const failed = entry.result.failed as { status: number; error: string } | undefined;
-    if (failed) throw errorForStatus(failed.status, failed.error); // it fails the same way
+    const failed = entry.result.failed as
+      | { status: number; error: string; kind?: string }
+      | undefined;
+    if (failed) throw errorFor(failed.status, failed.error, failed.kind); // it fails the same way
     return { ...entry.result, seq: entry.seq };
   }
 }

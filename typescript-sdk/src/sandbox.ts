@@ -1,23 +1,24 @@
-/** `Sandbox`: the SDK's handle on one sandbox (document 000's surface, plus the ledger). */
+/**
+ * `Sandbox`: the SDK's handle on one sandbox (document 000's surface, plus the ledger), and
+ * its code contexts.
+ */
 
-import { CommandFailed, SandforkError, TimeoutError } from "./errors.js";
-import { type ConnectionOptions, Http, defaultHttp, serverSentEvents } from "./http.js";
-import { CodeContext, Files } from "./files.js";
+import { CommandFailed, SandforkError, errorFor } from "./errors.js";
+import { type ClientOption, type Http, httpOf, serverSentEvents } from "./http.js";
+import { Files } from "./files.js";
 import {
   type ApiExecResult,
   type ExecResult,
-  type SnapshotInfo,
+  Execution,
+  type WireFields,
+  type WireObject,
   execResult,
-  snapshotInfo,
 } from "./models.js";
 import { type LedgerEntry, ReplayCache } from "./replay.js";
 import { type Candidate, type ExploreOptions, type ExploreResult, explore } from "./explore.js";
-
-/** How to reach the engine: a shared `Http` session, or connection options. */
-export interface ClientOption {
-  client?: Http;
-  connection?: ConnectionOptions;
-}
+import * as routes from "./routes.js";
+import { Snapshot } from "./snapshot.js";
+import { DEFAULT_TEMPLATE, type SandboxInfo, type SandboxStatus } from "./wire.js";
 
 /** Options of `Sandbox.create`. */
 export interface CreateOptions extends ClientOption {
@@ -76,39 +77,124 @@ export function execBody(cmd: string, options: ExecOptions = {}): Record<string,
   return body;
 }
 
-/** A sandbox: a VM or a container with a guest agent and Jupyter kernels inside. */
-export class Sandbox {
-  readonly files: Files = new Files(this);
+/** Options of `snapshot`. */
+export interface SnapshotOptions {
+  name?: string;
+  /** Tags of the snapshot (`Snapshot.list({metadata})` finds it by them). */
+  metadata?: Record<string, string>;
+}
+
+/** The camelCase fields a `Sandbox` shows, checked against the wire's `SandboxInfo`. */
+type SandboxFields = WireFields<
+  SandboxInfo,
+  | "id"
+  | "template"
+  | "status"
+  | "cpu"
+  | "memoryMb"
+  | "metadata"
+  | "createdAt"
+  | "persistent"
+  | "isolation"
+  | "backend"
+  | "fromSnapshot"
+  | "forkParentId"
+  | "promotedFrom"
+  | "resumedFrom"
+>;
+
+/**
+ * A sandbox: a VM or a container with a guest agent and Jupyter kernels inside.
+ *
+ * `info` is the engine's JSON object of it as last seen (created, fetched, refreshed,
+ * hibernated…): every field the engine sent, those this SDK does not know yet too. The
+ * camelCase fields read from it.
+ */
+export class Sandbox implements SandboxFields {
+  readonly files: Files;
   replay = new ReplayCache();
+  private data: WireObject<SandboxInfo>;
 
   private constructor(
     readonly client: Http,
-    readonly id: string,
-    readonly template: string,
-    public status: string,
-    readonly cpu: number,
-    readonly memoryMb: number,
-    public metadata: Record<string, string>,
-    readonly createdAt: string,
-    readonly persistent: boolean,
-    /** What separates it from the host: "vm" or "container". */
-    readonly isolation: string,
-  ) {}
+    info: SandboxInfo,
+  ) {
+    this.data = { ...info } as WireObject<SandboxInfo>;
+    this.files = new Files(client, info.id);
+  }
 
   /** A `Sandbox` from the engine's JSON. */
-  static fromApi(client: Http, data: Record<string, any>): Sandbox {
-    return new Sandbox(
-      client,
-      data.id,
-      data.template,
-      data.status,
-      data.cpu,
-      data.memory_mb,
-      { ...(data.metadata ?? {}) },
-      data.created_at ?? "",
-      Boolean(data.persistent),
-      data.isolation ?? "",
-    );
+  static fromApi(client: Http, data: unknown): Sandbox {
+    return new Sandbox(client, data as SandboxInfo);
+  }
+
+  /** The engine's JSON object of the sandbox: every field it sent, known or not. */
+  get info(): WireObject<SandboxInfo> {
+    return this.data;
+  }
+
+  get id(): string {
+    return this.data.id;
+  }
+
+  get template(): string {
+    return this.data.template;
+  }
+
+  /** As last seen; `refresh()` asks again. */
+  get status(): SandboxStatus {
+    return this.data.status;
+  }
+
+  get cpu(): number {
+    return this.data.cpu;
+  }
+
+  get memoryMb(): number {
+    return this.data.memory_mb;
+  }
+
+  get metadata(): Record<string, string> {
+    this.data.metadata ??= {};
+    return this.data.metadata;
+  }
+
+  get createdAt(): string {
+    return this.data.created_at ?? "";
+  }
+
+  get persistent(): boolean {
+    return Boolean(this.data.persistent);
+  }
+
+  /** What separates it from the host: "vm" or "container". */
+  get isolation(): string {
+    return this.data.isolation ?? "";
+  }
+
+  /** What runs it (the engine's backend). */
+  get backend(): string {
+    return this.data.backend ?? "";
+  }
+
+  /** The snapshot it was restored from, if any. */
+  get fromSnapshot(): string | null {
+    return this.data.from_snapshot ?? null;
+  }
+
+  /** The sandbox it was forked from, while it is a fork child. */
+  get forkParentId(): string | null {
+    return this.data.fork_parent_id ?? null;
+  }
+
+  /** The sandbox it replaced when promoted. */
+  get promotedFrom(): string | null {
+    return this.data.promoted_from ?? null;
+  }
+
+  /** The sandbox whose checkpoint it resumed. */
+  get resumedFrom(): string | null {
+    return this.data.resumed_from ?? null;
   }
 
   /**
@@ -118,7 +204,7 @@ export class Sandbox {
   static async create(options: CreateOptions = {}): Promise<Sandbox> {
     const client = httpOf(options);
     const body: Record<string, unknown> = {
-      template: options.template ?? "code-interpreter",
+      template: options.template ?? DEFAULT_TEMPLATE,
       persistent: options.persistent ?? false,
     };
     if (options.fromSnapshot !== undefined) body.from_snapshot = options.fromSnapshot;
@@ -126,19 +212,19 @@ export class Sandbox {
     if (options.cpu !== undefined) body.cpu = options.cpu;
     if (options.backend !== undefined) body.backend = options.backend;
     if (options.metadata && Object.keys(options.metadata).length) body.metadata = options.metadata;
-    return Sandbox.fromApi(client, await client.request("POST", "/sandboxes", { json: body }));
+    return Sandbox.fromApi(client, await client.request("POST", routes.SANDBOXES, { json: body }));
   }
 
   /** The sandbox with this id. */
   static async get(sandboxId: string, options: ClientOption = {}): Promise<Sandbox> {
     const client = httpOf(options);
-    return Sandbox.fromApi(client, await client.request("GET", `/sandboxes/${sandboxId}`));
+    return Sandbox.fromApi(client, await client.request("GET", routes.sandbox(sandboxId)));
   }
 
   /** Every sandbox of the engine. */
   static async list(options: ClientOption = {}): Promise<Sandbox[]> {
     const client = httpOf(options);
-    const data = await client.request<{ items: Record<string, any>[] }>("GET", "/sandboxes");
+    const data = await client.request<{ items: SandboxInfo[] }>("GET", routes.SANDBOXES);
     return data.items.map((item) => Sandbox.fromApi(client, item));
   }
 
@@ -153,9 +239,9 @@ export class Sandbox {
   ): Promise<Sandbox> {
     const client = httpOf(options);
     const body = options.name !== undefined ? { name: options.name } : {};
-    const data = await client.request<{ sandbox: Record<string, any>; replay: LedgerEntry[] }>(
+    const data = await client.request<{ sandbox: SandboxInfo; replay: LedgerEntry[] }>(
       "POST",
-      `/sandboxes/${sandboxId}/resume`,
+      routes.sandbox(sandboxId, "resume"),
       { json: body },
     );
     const sandbox = Sandbox.fromApi(client, data.sandbox);
@@ -165,7 +251,7 @@ export class Sandbox {
 
   /** Run a shell command and wait for it; `check` throws `CommandFailed` on a non-zero exit. */
   async exec(cmd: string, options: ExecOptions = {}): Promise<ExecResult> {
-    const path = `/sandboxes/${this.id}/exec`;
+    const path = routes.sandbox(this.id, "exec");
     const { data, replayed } = await this.ledgered("exec", path, execBody(cmd, options));
     const result = execResult(data as ApiExecResult, replayed);
     if (options.check && result.exitCode !== 0) throw new CommandFailed(cmd, result);
@@ -177,7 +263,7 @@ export class Sandbox {
    * Like the Python SDK's `exec_stream`, this is not a ledgered call.
    */
   async execStream(cmd: string, options: ExecStreamOptions = {}): Promise<number> {
-    const response = await this.client.raw("POST", `/sandboxes/${this.id}/exec/stream`, {
+    const response = await this.client.raw("POST", routes.sandbox(this.id, "exec/stream"), {
       json: execBody(cmd, options),
     });
     const exit = await relayStream(response, options.onStdout, options.onStderr);
@@ -199,9 +285,11 @@ export class Sandbox {
     }
     let stdout = "";
     let stderr = "";
-    const response = await this.client.raw("POST", `/sandboxes/${this.id}/exec/stream/ledgered`, {
-      json: body,
-    });
+    const response = await this.client.raw(
+      "POST",
+      routes.sandbox(this.id, "exec/stream/ledgered"),
+      { json: body },
+    );
     const exit = await relayStream(
       response,
       (chunk) => ((stdout += chunk), options.onStdout?.(chunk)),
@@ -213,21 +301,31 @@ export class Sandbox {
   /** The sandbox's default code context, or (`isolated`) a new kernel of its own. */
   async createCodeContext(options: { isolated?: boolean } = {}): Promise<CodeContext> {
     const body = { language: "python", isolated: options.isolated ?? false };
-    const data = await this.post<{ id: string; language?: string }>("/repl/sessions", body);
+    const data = await this.post<{ id: string; language?: string }>("repl/sessions", body);
     return new CodeContext(this, data.id, data.language ?? "python");
   }
 
-  /** Freeze kernels, memory and disk into an immutable snapshot; the sandbox runs on. */
-  async snapshot(name?: string): Promise<SnapshotInfo> {
-    const body = name !== undefined ? { name } : {};
-    const data = await this.post<Record<string, any>>("/snapshots", body);
-    return snapshotInfo(data);
+  /**
+   * Freeze kernels, memory and disk into an immutable snapshot (named `name`, or with
+   * `{name, metadata}`); the sandbox runs on.
+   */
+  async snapshot(options?: string | SnapshotOptions): Promise<Snapshot> {
+    const { name, metadata } = typeof options === "string" ? { name: options } : (options ?? {});
+    const body: Record<string, unknown> = {};
+    if (name !== undefined) body.name = name;
+    if (metadata && Object.keys(metadata).length) body.metadata = metadata;
+    return Snapshot.fromApi(this.client, await this.post("snapshots", body));
+  }
+
+  /** This sandbox's snapshots, newest first (those with `metadata`, if given). */
+  snapshots(options: { metadata?: Record<string, string> } = {}): Promise<Snapshot[]> {
+    return Snapshot.list({ client: this.client, sandboxId: this.id, metadata: options.metadata });
   }
 
   /** A copy-on-write copy of this running sandbox that then diverges; this one runs on. */
   async fork(options: ForkOptions = {}): Promise<Sandbox> {
     const body = { metadata: options.metadata ?? {}, reseed_python: options.reseedPython ?? false };
-    const data = await this.post<{ sandbox: Record<string, any> }>("/fork", body);
+    const data = await this.post<{ sandbox: SandboxInfo }>("fork", body);
     return Sandbox.fromApi(this.client, data.sandbox);
   }
 
@@ -238,14 +336,14 @@ export class Sandbox {
       metadata: options.metadata ?? {},
       reseed_python: options.reseedPython ?? false,
     };
-    const data = await this.post<{ children: Record<string, any>[] }>("/fork-tree", body);
+    const data = await this.post<{ children: SandboxInfo[] }>("fork-tree", body);
     return data.children.map((child) => Sandbox.fromApi(this.client, child));
   }
 
   /** Snapshot the sandbox and mark the point in its ledger (`Sandbox.resume` restores it). */
   async checkpoint(name?: string): Promise<CheckpointInfo> {
     const body = name !== undefined ? { name } : {};
-    const event = await this.post<Record<string, any>>("/checkpoints", body);
+    const event = await this.post<Record<string, any>>("checkpoints", body);
     return {
       snapshotId: event.snapshot_id,
       seq: event.seq,
@@ -258,7 +356,7 @@ export class Sandbox {
   async ledger(): Promise<Record<string, any>[]> {
     const data = await this.client.request<{ events: Record<string, any>[] }>(
       "GET",
-      `/sandboxes/${this.id}/ledger`,
+      routes.sandbox(this.id, "ledger"),
     );
     return data.events;
   }
@@ -274,27 +372,22 @@ export class Sandbox {
       kill_parent: options.killParent ?? true,
       kill_siblings: options.killSiblings ?? false,
     };
-    const data = await this.post<{ sandbox: Record<string, any>; killed: string[] }>(
-      "/promote",
-      body,
-    );
-    this.metadata = { ...data.sandbox.metadata };
+    const data = await this.post<{ sandbox: SandboxInfo; killed: string[] }>("promote", body);
+    this.data = { ...data.sandbox } as WireObject<SandboxInfo>;
     return { killed: data.killed };
   }
 
   /** Best-of-N over forks of this sandbox: see `explore`. */
   explore<T extends Candidate>(
     candidates: T[],
-    options: ExploreOptions<T>,
-  ): Promise<ExploreResult<T>> {
+    options: ExploreOptions<T, Sandbox>,
+  ): Promise<ExploreResult<T, Sandbox>> {
     return explore(this, candidates, options);
   }
 
-  /** Reload status and metadata from the engine. */
+  /** Reload the sandbox's fields (`info`: status, metadata, every other) from the engine. */
   async refresh(): Promise<this> {
-    const data = await this.client.request<Record<string, any>>("GET", `/sandboxes/${this.id}`);
-    this.status = data.status;
-    this.metadata = { ...(data.metadata ?? {}) };
+    this.data = await this.client.request("GET", routes.sandbox(this.id));
     return this;
   }
 
@@ -302,7 +395,7 @@ export class Sandbox {
   async ports(): Promise<number[]> {
     const data = await this.client.request<{ ports: { port: number }[] }>(
       "GET",
-      `/sandboxes/${this.id}/ports`,
+      routes.sandbox(this.id, "ports"),
     );
     return data.ports.map((entry) => entry.port);
   }
@@ -316,7 +409,7 @@ export class Sandbox {
       throw new RangeError(`port must be 1-65535, not ${port}`);
     }
     const { baseUrl } = await this.client.connect();
-    return `${baseUrl}/v1/sandboxes/${this.id}/ports/${port}/`;
+    return `${baseUrl}${routes.API}${routes.port(this.id, port)}`;
   }
 
   /**
@@ -324,17 +417,17 @@ export class Sandbox {
    * resumes it from the capture, under the same id.
    */
   async hibernate(): Promise<void> {
-    this.status = (await this.post<Record<string, any>>("/hibernate", {})).status;
+    this.seen(await this.post<SandboxInfo>("hibernate", {}));
   }
 
   /** Resume a hibernated sandbox now (a running one is left as it is). */
   async wake(): Promise<void> {
-    this.status = (await this.post<Record<string, any>>("/wake", {})).status;
+    this.seen(await this.post<SandboxInfo>("wake", {}));
   }
 
   /** Stop the sandbox and delete everything it owns. */
   async kill(): Promise<void> {
-    await this.client.request("DELETE", `/sandboxes/${this.id}`);
+    await this.client.request("DELETE", routes.sandbox(this.id));
   }
 
   /** `await using sandbox = await Sandbox.create()` kills it (unless persistent) at scope end. */
@@ -342,9 +435,16 @@ export class Sandbox {
     if (!this.persistent) await this.kill();
   }
 
-  /** `POST /v1/sandboxes/{id}{suffix}` with a JSON body. */
-  private post<T>(suffix: string, body: unknown): Promise<T> {
-    return this.client.request<T>("POST", `/sandboxes/${this.id}${suffix}`, { json: body });
+  /** `POST` one of the sandbox's actions with a JSON body. */
+  private post<T>(action: routes.SandboxAction, body: unknown): Promise<T> {
+    return this.client.request<T>("POST", routes.sandbox(this.id, action), { json: body });
+  }
+
+  /** Take the engine's answer of a sandbox (or, from an older engine, just its status). */
+  private seen(data: Partial<SandboxInfo>): void {
+    this.data = (data.id === this.id
+      ? { ...data }
+      : { ...this.data, status: data.status ?? this.data.status }) as WireObject<SandboxInfo>;
   }
 
   /** Send a ledgered call (`exec`, `run_code`), or answer it from the replay cache. */
@@ -360,12 +460,6 @@ export class Sandbox {
   }
 }
 
-/** The `Http` session of `options`: the one given, a new one, or the shared default. */
-export function httpOf(options: ClientOption): Http {
-  if (options.client) return options.client;
-  return options.connection ? new Http(options.connection) : defaultHttp();
-}
-
 /** Relay a streamed exec's output to the callbacks; resolve to its `exit` event. */
 async function relayStream(
   response: Response,
@@ -377,9 +471,35 @@ async function relayStream(
     else if (event === "stderr") onStderr?.(String(data.chunk));
     else if (event === "exit") return data as ApiExecResult;
     else if (event === "error") {
-      const message = String(data.error);
-      throw message.includes("timeout") ? new TimeoutError(message) : new SandforkError(message);
+      // The kind is on the wire; a stream has no HTTP status of a failure (its answer was a
+      // 200): an older engine's event without a kind is a server error.
+      throw errorFor(undefined, String(data.error), data.kind);
     }
   }
   throw new SandforkError("the exec stream ended without an exit code; the outcome is unknown");
+}
+
+/** A code context: a real ipykernel inside the sandbox whose state persists across runs. */
+export class CodeContext {
+  constructor(
+    readonly sandbox: Sandbox,
+    readonly id: string,
+    readonly language = "python",
+  ) {}
+
+  /** Run `code`; resolve to its `Execution` (results, streams, error). */
+  async runCode(code: string, options: { timeoutSeconds?: number } = {}): Promise<Execution> {
+    const body: Record<string, unknown> = { code };
+    if (options.timeoutSeconds !== undefined) body.timeout_seconds = options.timeoutSeconds;
+    const path = routes.context(this.sandbox.id, this.id, "run");
+    const { data, replayed } = await this.sandbox.ledgered("run_code", path, body, {
+      context: this.id,
+    });
+    return Execution.fromApi(data, replayed);
+  }
+
+  /** Shut an isolated context down (the default context stays). */
+  async close(): Promise<void> {
+    await this.sandbox.client.request("DELETE", routes.context(this.sandbox.id, this.id));
+  }
 }

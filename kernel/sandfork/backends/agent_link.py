@@ -61,8 +61,9 @@ def default_wait(op: str, base: float = DEFAULT_AGENT_TIMEOUT) -> float:
     return base + (KERNEL_START_S if op in KERNEL_STARTING_OPS else 0.0)
 
 
-class AgentError(Exception):
-    """The agent answered a request with an error."""
+class AgentErrorReply(Exception):
+    """The agent answered a request with an error (the host's side of the guest's
+    ``sandfork.agent.protocol.AgentError``, which the guest package keeps to itself)."""
 
     def __init__(self, type_: str, message: str) -> None:
         super().__init__(f"{type_}: {message}")
@@ -154,7 +155,8 @@ class AgentLink:
     async def request(
         self, op: str, args: dict[str, Any] | None = None, *, wait: float | None = None
     ) -> dict[str, Any]:
-        """Send one request and return its result, raising :class:`AgentError` on failure.
+        """Send one request and return its result, raising :class:`AgentErrorReply` on
+        failure.
 
         ``wait`` bounds how long the reply may take (:class:`AgentTimeout` past it); every
         request has one, :func:`default_wait` when the caller names none.
@@ -347,7 +349,7 @@ def _result(reply: dict[str, Any]) -> dict[str, Any]:
         raise AgentBadReply("an error must have a known type and a message")
     if len(message) > _MAX_ERROR_CHARS:
         message = message[:_MAX_ERROR_CHARS] + "…"
-    raise AgentError(kind, message)
+    raise AgentErrorReply(kind, message)
 
 
 def _checked_event(frame: dict[str, Any]) -> dict[str, Any] | None:

@@ -83,7 +83,7 @@ class Capture:
 @dataclass(frozen=True)
 class CaptureRequest:
     """What the engine gives a capture: where the sandbox's disk and memory are now, and how
-    to register the new layers the capture makes (:meth:`sandfork.engine.snapshots.
+    to register the new layers the capture makes (:meth:`sandfork.engine.snapshot_store.
     SnapshotStore.new_layer`: owned from that moment, collected if never used)."""
 
     disk: Path

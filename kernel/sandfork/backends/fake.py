@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandfork.backends.agent_link import AgentError, AgentLink
+from sandfork.backends.agent_link import AgentErrorReply, AgentLink
 from sandfork.backends.base import Capture, Captured, CaptureRequest, MachineSpec
 from sandfork.protocol import DEFAULT_CONTEXT
 from sandfork.templates import BuiltTemplate
@@ -44,6 +44,7 @@ STATE = "state.json"  # in a capture's folder: the guest's files
 DISK = "disk.fake"  # a boot capture's disk layer
 SUFFIX = ".fake"
 FIRST_PID = 10_000_000  # above Linux's largest pid (2**22): never a real process
+TIMES_OUT = "fake: run past the timeout"  # the one command the fake agent reports as killed
 _HOME = "/root"  # where relative paths start, as in the real agent
 Spawned = Callable[[int], None] | None
 
@@ -117,9 +118,9 @@ class FakeGuest:
         try:
             answer = getattr(self, "op_" + op.replace(".", "_"), None)
             if answer is None and op not in _CONSTANT:
-                raise AgentError("BadRequest", f"the fake agent has no operation {op!r}")
+                raise AgentErrorReply("BadRequest", f"the fake agent has no operation {op!r}")
             result = _CONSTANT[op] if answer is None else answer(request)
-        except AgentError as e:
+        except AgentErrorReply as e:
             return [{"id": req_id, "ok": False, "error": {"type": e.type, "message": e.message}}]
         events = []
         if op == "exec" and request.get("stream"):
@@ -133,7 +134,8 @@ class FakeGuest:
 
     def op_exec(self, request: dict[str, Any]) -> dict[str, Any]:
         out = {"exit_code": 0, "stdout": str(request.get("cmd", "")), "stderr": ""}  # never run
-        return {**out, "duration_ms": 0, "timed_out": False, "truncated": False}
+        timed_out = request.get("cmd") == TIMES_OUT
+        return {**out, "duration_ms": 0, "timed_out": timed_out, "truncated": False}
 
     def op_fs_write(self, request: dict[str, Any]) -> dict[str, Any]:
         path = _path(request)
@@ -153,14 +155,14 @@ class FakeGuest:
     def op_fs_list(self, request: dict[str, Any]) -> dict[str, Any]:
         path = _path(request)
         if not self._stat(path)["is_dir"]:
-            raise AgentError("NotADirectory", f"{path} is not a directory")
+            raise AgentErrorReply("NotADirectory", f"{path} is not a directory")
         prefix = path.rstrip("/") + "/"
         names = {f[len(prefix) :].split("/")[0] for f in self.files if f.startswith(prefix)}
         return {"entries": [self._stat(prefix + n) for n in sorted(names)], "truncated": False}
 
     def _file(self, path: str) -> str:
         if path not in self.files:
-            raise AgentError("IsADirectory" if self._is_dir(path) else "NotFound", path)
+            raise AgentErrorReply("IsADirectory" if self._is_dir(path) else "NotFound", path)
         return self.files[path]
 
     def _is_dir(self, path: str) -> bool:

@@ -55,7 +55,7 @@ def describe(error: BaseException) -> Failure | None:
     from traitlets import TraitError
 
     from sandfork.backends.container.criu import CriuError
-    from sandfork.engine.engine_app import EngineConfigError
+    from sandfork.engine.cli import EngineConfigError
     from sandfork.sdk.errors import SandforkError
     from sandfork.templates.errors import TemplateError
 

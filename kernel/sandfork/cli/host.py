@@ -17,7 +17,7 @@ __all__ = ["add_commands"]
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from sandfork.engine.engine_app import run
+    from sandfork.engine.cli import run
 
     return run(list(args.app_args))
 

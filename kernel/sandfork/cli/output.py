@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from sandfork.protocol import WireModel
 
 __all__ = ["console", "print_records", "record"]
 
@@ -17,13 +18,9 @@ _FOLDED = 20
 """Width down to which a table's last column (free text) may fold before plain columns."""
 
 
-def record(obj: Any) -> dict[str, Any]:
-    """The public fields of an SDK dataclass (``Sandbox``, ``Snapshot``) as a JSON object."""
-    return {
-        f.name: getattr(obj, f.name)
-        for f in dataclasses.fields(obj)
-        if not f.name.startswith("_") and f.name != "client"
-    }
+def record(obj: WireModel) -> dict[str, Any]:
+    """An SDK handle (``Sandbox``, ``Snapshot``) as the API's JSON object."""
+    return obj.to_api()
 
 
 def _cell(value: Any, fmt: Callable[[Any], str] | None) -> str:

@@ -65,7 +65,7 @@ def _snapshot_ls(args: argparse.Namespace) -> int:
 def _snapshot_create(args: argparse.Namespace) -> int:
     from sandfork.sdk import Sandbox
 
-    print(Sandbox.get(args.sandbox).snapshot(args.name))
+    print(Sandbox.get(args.sandbox).snapshot(args.name).id)
     return 0
 
 

@@ -5,7 +5,7 @@ facade (:class:`SyncEngineClient`), and the configurable that names the engine
 from sandfork.client.config import EngineConnection
 from sandfork.client.connection import Connection, resolve
 from sandfork.client.engine_client import EngineClient, Response
-from sandfork.client.sync import SyncEngineClient, run_sync
+from sandfork.client.sync import SyncEngineClient, blocking, run_sync
 
 __all__ = [
     "Connection",
@@ -13,6 +13,7 @@ __all__ = [
     "EngineConnection",
     "Response",
     "SyncEngineClient",
+    "blocking",
     "resolve",
     "run_sync",
 ]

@@ -16,6 +16,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from sandfork.client.connection import Connection, resolve
+from sandfork.client.resolver import NumericFirstResolver
 from sandfork.protocol import EngineUnreachable, SandforkError, error_for
 
 Body = bytes | str | IO[bytes] | None
@@ -26,6 +27,7 @@ _MAX_CLIENTS = 64  # concurrent requests per event loop (explore runs many forks
 _MAX_BODY = 1 << 40  # the engine bounds what it sends; tornado's default is 100 MB
 _CHUNK = 1 << 20
 _NO_BODY = ("GET", "DELETE", "HEAD", "OPTIONS")
+_RESOLVER = NumericFirstResolver()  # an engine's numeric address needs no executor thread
 _http_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncHTTPClient] = (
     weakref.WeakKeyDictionary()
 )
@@ -156,7 +158,7 @@ class EngineClient:
         if answer.code == 599:  # no answer: refused, reset, timed out
             raise self._unreachable(conn, answer.error)
         if answer.code >= 400:
-            raise error_for(answer.code, _message(answer.code, status.error_body or answer.body))
+            raise _error(answer.code, status.error_body or answer.body)
         return Response(answer.code, answer.body or b"", dict(answer.headers.get_all()))
 
     async def websocket(
@@ -175,10 +177,10 @@ class EngineClient:
                 HTTPRequest(url, headers=headers),
                 on_message_callback=on_message,
                 max_message_size=max_message_size,
+                resolver=_RESOLVER,
             )
         except HTTPClientError as e:
-            body = e.response.body if e.response is not None else b""
-            raise error_for(e.code, _message(e.code, body)) from e
+            raise _error(e.code, e.response.body if e.response is not None else b"") from e
         except OSError as e:
             raise self._unreachable(conn, e) from e
 
@@ -213,7 +215,10 @@ def _http_client() -> AsyncHTTPClient:
     client = _http_clients.get(loop)
     if client is None:
         client = AsyncHTTPClient(
-            force_instance=True, max_clients=_MAX_CLIENTS, max_body_size=_MAX_BODY
+            force_instance=True,
+            max_clients=_MAX_CLIENTS,
+            max_body_size=_MAX_BODY,
+            resolver=_RESOLVER,
         )
         _http_clients[loop] = client
     return client
@@ -234,9 +239,11 @@ def _size(f: IO[bytes]) -> int | None:
         return None
 
 
-def _message(status: int, body: bytes | None) -> str:
+def _error(status: int, body: bytes | None) -> SandforkError:
+    """The error of a failure answer: its JSON ``error`` and ``kind``, else its text."""
     try:
-        return str(jsonlib.loads(body or b"")["error"])
-    except (ValueError, KeyError, TypeError):
+        answer = jsonlib.loads(body or b"")
+        return error_for(status, str(answer["error"]), answer.get("kind"))
+    except (ValueError, KeyError, TypeError, AttributeError):
         text = (body or b"").decode("utf-8", "replace").strip()
-        return text or f"HTTP {status}"
+        return error_for(status, text or f"HTTP {status}")

@@ -1,23 +1,28 @@
-"""The synchronous facade of :class:`~sandfork.client.engine_client.EngineClient`.
+"""The synchronous facade of :class:`~sandfork.client.engine_client.EngineClient`, and
+:func:`blocking`, which makes the SDK's blocking methods from its asynchronous ones.
 
 Like nbclient's ``run_sync``, each call runs the client's coroutine to completion; here on
-one event loop in a daemon thread of its own, shared by the process, so a call works the same
-from plain code, from inside a running event loop (a Jupyter kernel, a notebook cell) and
-from many threads at once (the SDK's ``explore`` runs candidates in threads).
+one event loop in a daemon thread of its own, shared by the process (started on first use), so
+a call works the same from plain code, from inside a running event loop (a Jupyter kernel, a
+notebook cell) and from many threads at once. Code that has a loop of its own awaits the
+asynchronous methods instead and never starts that thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from sandfork.client.engine_client import EngineClient, Response
 
 T = TypeVar("T")
+P = ParamSpec("P")
+C = TypeVar("C", bound="SyncEngineClient")
 
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
@@ -46,21 +51,54 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
 
+def blocking(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """The blocking version of an asynchronous function or method (nbclient's
+    ``execute = run_sync(async_execute)``): ``exec = blocking(async_exec)``; for a classmethod,
+    ``create = classmethod(blocking(async_create))``."""
+    function: Callable[..., Coroutine[Any, Any, T]] = cast(
+        Any, method.__func__ if isinstance(method, classmethod) else method
+    )
+
+    @functools.wraps(function)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return run_sync(function(*args, **kwargs))
+
+    run.__doc__ = f"{function.__doc__ or ''}\n\n(Blocking; ``{function.__name__}`` awaits.)"
+    return run
+
+
 class SyncEngineClient:
     """A blocking client of one engine: :class:`EngineClient`'s calls, run to completion.
 
     ``url`` and ``api_key`` name the engine; without them it is found (and a local one
     started) right away, like :func:`sandfork.client.connection.resolve` does. ``aio`` is the
-    asynchronous client underneath, for code running in an event loop.
+    asynchronous client underneath, for code running in an event loop; :meth:`wrapping` makes
+    a facade of one without finding anything now.
     """
 
     def __init__(
         self, url: str | None = None, api_key: str | None = None, timeout: float = 600.0
     ) -> None:
         self.aio = EngineClient(url, api_key, timeout)
-        connection = self.aio.resolve_now()
-        self.url = connection.url
-        self.api_key = connection.api_key
+        self.aio.resolve_now()
+
+    @classmethod
+    def wrapping(cls: type[C], aio: EngineClient) -> C:
+        """The facade of the asynchronous client ``aio`` (the engine is found when first
+        used, on the caller's loop)."""
+        client = cls.__new__(cls)
+        client.aio = aio
+        return client
+
+    @property
+    def url(self) -> str:
+        """The engine's URL."""
+        return self.aio.resolve_now().url
+
+    @property
+    def api_key(self) -> str:
+        """The engine's API key."""
+        return self.aio.resolve_now().api_key
 
     @property
     def timeout(self) -> float:

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from sandfork.backends.agent_link import AgentError
+from sandfork.backends.agent_link import AgentErrorReply
 from sandfork.backends.base import Backend, Capture, MachineSpec
 from sandfork.engine.errors import ApiError
 from sandfork.templates import BuiltTemplate
@@ -145,7 +145,7 @@ class BootCaptures:
         try:
             try:
                 await backend.boot_capture(spec, built, staging)
-            except AgentError as e:  # the guest's own answer: the template's fault, say so
+            except AgentErrorReply as e:  # the guest's own answer: the template's fault, say so
                 status = 504 if e.type == "Timeout" else 502
                 message = f"the first boot of template {built.name} failed: {e.message}"
                 raise ApiError(message, status) from e

@@ -20,7 +20,7 @@ from jupyter_client.session import Session
 
 from sandfork.backends.agent_link import (
     DEFAULT_AGENT_TIMEOUT,
-    AgentError,
+    AgentErrorReply,
     AgentLink,
     AgentTimeout,
 )
@@ -187,7 +187,7 @@ class CodeRunner:
             await self._send(context, msg, wait)
             await run.done.wait()
         if run.died is not None:
-            raise AgentError("KernelDied", f"the kernel died: {run.died}")
+            raise AgentErrorReply("KernelDied", f"the kernel died: {run.died}")
         return run.user_expressions
 
     async def _run(
@@ -242,7 +242,7 @@ class CodeRunner:
             await self._agent.request(
                 "ctx.send", {"context": context, "channel": "shell", "msg": msg}, wait=wait
             )
-        except AgentError as e:
+        except AgentErrorReply as e:
             if e.type == "NotFound":
                 raise NotFound(f"no code context {context!r} in this sandbox") from e
             raise

@@ -1,6 +1,6 @@
 """The engine's configuration: every setting of ``sandfork serve`` is a trait here.
 
-The engine reads an :class:`EngineConfig`; :class:`~sandfork.engine.engine_app.SandforkEngineApp`
+The engine reads an :class:`EngineConfig`; :class:`~sandfork.engine.cli.SandforkEngineApp`
 fills it from ``sandfork_engine_config.py``, ``SANDFORK_<NAME>`` environment variables and the
 command line (``--EngineConfig.<name>=<value>``), so a trait added here with ``config=True`` is
 reachable from all three at once.
@@ -14,6 +14,7 @@ from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, validat
 from traitlets.config import LoggingConfigurable
 
 from sandfork.backends.agent_link import MAX_FRAME
+from sandfork.protocol import DEFAULT_TEMPLATE
 from sandfork.strict_json import MAX_JSON_DEPTH
 
 MAX_FILE_BYTES = (MAX_FRAME - 2**16) // 4 * 3
@@ -50,7 +51,7 @@ class EngineConfig(LoggingConfigurable):
         "that need the VM boundary between guests and the host.",
     ).tag(config=True)
     default_template = Unicode(
-        "code-interpreter", help="Template of sandboxes created without one."
+        DEFAULT_TEMPLATE, help="Template of sandboxes created without one."
     ).tag(config=True)
     max_memory_mb = Int(16384, help="Largest memory a sandbox may ask for.").tag(config=True)
     max_cpus = Int(8, help="Most vCPUs a sandbox may ask for.").tag(config=True)

@@ -1,4 +1,9 @@
-"""The engine's metadata in SQLite: one row per sandbox.
+"""The engine's metadata in SQLite: one row per sandbox and per snapshot.
+
+A record's columns are its dataclass fields (:func:`stored_fields`): a field added to the
+wire model (:mod:`sandfork.protocol.models`) or to a record is stored, and an existing
+database gains its column when it is opened (:meth:`Database._migrate`). Lists and dicts are
+stored as JSON, booleans as integers, enums as their value.
 
 Writes are small and rare (create, status change, kill), so the standard ``sqlite3`` module
 is used directly from the event loop; WAL mode keeps a reader from blocking a writer.
@@ -6,57 +11,32 @@ is used directly from the event loop; WAL mode keeps a reader from blocking a wr
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import sqlite3
-from dataclasses import asdict, dataclass, field
+import types
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 from sandfork.engine.changes import ChangeFeed
-from sandfork.protocol import SnapshotInfo
+from sandfork.protocol import (
+    FORK_PARENT,
+    FORK_TREE,
+    HIBERNATION_OF,
+    PROMOTED_FROM,
+    RESUMED_FROM,
+    SandboxInfo,
+    SnapshotInfo,
+)
+
+R = TypeVar("R", "SandboxRecord", "SnapshotRecord")
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS sandboxes (
-    id TEXT PRIMARY KEY,
-    template TEXT NOT NULL,
-    status TEXT NOT NULL,
-    cpus INTEGER NOT NULL,
-    memory_mb INTEGER NOT NULL,
-    created_at TEXT NOT NULL,
-    metadata TEXT NOT NULL DEFAULT '{}',
-    persistent INTEGER NOT NULL DEFAULT 0,
-    backend TEXT NOT NULL,
-    accelerator TEXT NOT NULL,
-    dir TEXT NOT NULL,
-    pid INTEGER,
-    boot_ms INTEGER,
-    error TEXT,
-    from_snapshot TEXT,
-    disk TEXT NOT NULL,
-    vm TEXT NOT NULL,
-    boot_mode TEXT NOT NULL DEFAULT 'cold',
-    host_access INTEGER NOT NULL DEFAULT 0,
-    lease_seconds REAL,
-    on_expiry TEXT NOT NULL DEFAULT 'kill',
-    memory TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS snapshots (
-    id TEXT PRIMARY KEY,
-    name TEXT,
-    created_at TEXT NOT NULL,
-    sandbox_id TEXT NOT NULL,
-    template TEXT NOT NULL,
-    parent_id TEXT,
-    disk TEXT NOT NULL,
-    vm TEXT NOT NULL,
-    contexts TEXT NOT NULL DEFAULT '[]',
-    size_bytes INTEGER NOT NULL,
-    paused_ms INTEGER NOT NULL DEFAULT 0,
-    hidden INTEGER NOT NULL DEFAULT 0,
-    metadata TEXT NOT NULL DEFAULT '{}',
-    attachments TEXT NOT NULL DEFAULT '[]',
-    memory TEXT NOT NULL DEFAULT ''
-);
+CREATE TABLE IF NOT EXISTS sandboxes (id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS ledger (
     sandbox_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -80,57 +60,132 @@ CREATE TABLE IF NOT EXISTS layers (
 );
 """
 
+SANDBOX_RELATIONS = (FORK_PARENT, FORK_TREE, PROMOTED_FROM, RESUMED_FROM)
+"""The sandbox's fields that relate it to others, which the API also shows in ``metadata``."""
+
+
+class Relations(TypedDict, total=False):
+    """The relations a new sandbox starts with (fields of :class:`SandboxRecord`)."""
+
+    fork_parent_id: str
+    fork_tree_id: str
+    resumed_from: str
+
 
 @dataclass
-class SandboxRecord:
-    """What the engine remembers about a sandbox across restarts."""
+class SandboxRecord(SandboxInfo):
+    """A sandbox as the engine keeps it across restarts: what the API shows
+    (:class:`SandboxInfo`), plus where it lives (its folder, its process, the memory layer
+    its RAM matched when started or last captured) and the machine it runs as."""
 
-    id: str
-    template: str
-    status: str  # "starting", "running", "dead"
-    cpus: int
-    memory_mb: int
-    created_at: str
-    backend: str
-    accelerator: str
-    dir: str
-    metadata: dict[str, str] = field(default_factory=dict)
-    persistent: bool = False
+    TABLE: ClassVar[str] = "sandboxes"
+    NOT_STORED: ClassVar[frozenset[str]] = frozenset({"isolation"})  # its backend's name
+    RELATIONS: ClassVar[tuple[str, ...]] = SANDBOX_RELATIONS  # kept in metadata once
+
+    dir: str = ""
     pid: int | None = None
-    boot_ms: int | None = None
-    error: str | None = None
-    from_snapshot: str | None = None
-    disk: str = ""
     vm: dict[str, Any] = field(default_factory=dict)
-    boot_mode: str = "cold"
-    host_access: bool = False  # the guest may reach the host's network (opt-in)
-    lease_seconds: float | None = None  # killed when its holder stops renewing for this long
-    on_expiry: str = "kill"  # or "hibernate": what its lease running out does (ON_EXPIRY)
-    memory: str = ""  # the memory layer its RAM matched when started or last captured
+    memory: str = ""
+
+    def __post_init__(self) -> None:
+        self.isolation = self.backend
+
+    def api_metadata(self) -> dict[str, str]:
+        """Its ``metadata`` as the API shows it: the client's, plus the relations the engine
+        records (PandaStack's clients read ``promoted_from`` and ``fork_parent_id`` there)."""
+        relations = {key: getattr(self, key) for key in SANDBOX_RELATIONS}
+        return {**self.metadata, **{k: v for k, v in relations.items() if v is not None}}
 
     def to_api(self) -> dict[str, Any]:
-        """The sandbox as the HTTP API shows it (PandaStack's shape plus our fields)."""
-        return {
-            "id": self.id,
-            "template": self.template,
-            "status": self.status,
-            "cpu": self.cpus,
-            "memory_mb": self.memory_mb,
-            "created_at": self.created_at,
-            "metadata": self.metadata,
-            "persistent": self.persistent,
-            "from_snapshot": self.from_snapshot,
-            "boot_ms": self.boot_ms,
-            "boot_mode": self.boot_mode,
-            "backend": self.backend,
-            "isolation": self.backend,  # what separates it from the host: "vm" or "container"
-            "accelerator": self.accelerator,
-            "error": self.error,
-            "disk": self.disk,
-            "host_access": self.host_access,
-            "lease_seconds": self.lease_seconds,
-            "on_expiry": self.on_expiry,
+        """The sandbox as the API shows it, its relations in ``metadata`` too (a view, never
+        read back: :meth:`api_metadata`)."""
+        return {**super().to_api(), "metadata": self.api_metadata()}
+
+
+@dataclass
+class SnapshotRecord(SnapshotInfo):
+    """A snapshot as the engine keeps it: what the API shows (:class:`SnapshotInfo`), plus
+    where it lives (a frozen disk layer, a memory layer, device state in its folder), the
+    VM it restores into, whether it is a fork's hidden capture, and the sandbox it is the
+    hibernation capture of (neither is listed)."""
+
+    TABLE: ClassVar[str] = "snapshots"
+    NOT_STORED: ClassVar[frozenset[str]] = frozenset({"memory_mb", "cpu"})  # from vm
+    RELATIONS: ClassVar[tuple[str, ...]] = (HIBERNATION_OF,)
+
+    disk: str = ""
+    memory: str = ""
+    vm: dict[str, Any] = field(default_factory=dict)
+    hidden: bool = False
+    hibernation_of: str | None = None
+
+    def __post_init__(self) -> None:
+        self.memory_mb, self.cpu = self.vm.get("memory_mb"), self.vm.get("cpus")
+
+    @property
+    def backend(self) -> str:
+        """The backend that took it (and restores it)."""
+        return str(self.vm.get("backend", "vm"))
+
+
+def _base(hint: Any) -> Any:
+    """The type of an annotation, ``X | None`` being ``X``'s."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    return typing.get_origin(hint) or hint
+
+
+_COLUMNS: dict[type, dict[str, Any]] = {}  # stored_fields of each record class, once made
+
+
+def stored_fields(cls: type[R]) -> dict[str, Any]:
+    """The record's columns: each stored field, mapped to its type."""
+    if cls not in _COLUMNS:
+        hints = typing.get_type_hints(cls)
+        _COLUMNS[cls] = {
+            f.name: _base(hints[f.name])
+            for f in dataclasses.fields(cls)
+            if f.name not in cls.NOT_STORED
         }
+    return _COLUMNS[cls]
+
+
+def _to_column(value: Any, kind: Any) -> Any:
+    if value is None:
+        return None
+    if kind in (list, dict):
+        return json.dumps(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    return int(value) if kind is bool else value
+
+
+def _from_column(value: Any, kind: Any) -> Any:
+    if value is None:
+        return None
+    if kind in (list, dict):
+        return json.loads(value)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum | bool):
+        return kind(value)
+    return value
+
+
+def _declaration(kind: Any, default: Any) -> str:
+    """The column's SQL declaration: its type affinity and the field's default (what rows of
+    a database older than the column take)."""
+    affinity = {int: "INTEGER", bool: "INTEGER", float: "REAL"}.get(kind, "TEXT")
+    if default is dataclasses.MISSING or default is None:
+        return affinity
+    literal = _to_column(default, kind)
+    if not isinstance(literal, int | float):
+        literal = "'" + str(literal).replace("'", "''") + "'"
+    return f"{affinity} DEFAULT {literal}"
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 class Database:
@@ -146,48 +201,60 @@ class Database:
         # on the event loop at every write.
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
-        self._migrate()
+        self._migrate(SandboxRecord)
+        self._migrate(SnapshotRecord)
         self.changes = ChangeFeed()
 
-    def _migrate(self) -> None:
-        """Add the columns that databases of earlier versions lack."""
-        added = {
-            "snapshots": {
-                "metadata": "TEXT NOT NULL DEFAULT '{}'",
-                "attachments": "TEXT NOT NULL DEFAULT '[]'",
-                "memory": "TEXT NOT NULL DEFAULT ''",
-            },
-            "sandboxes": {
-                "host_access": "INTEGER NOT NULL DEFAULT 0",
-                "lease_seconds": "REAL",
-                "on_expiry": "TEXT NOT NULL DEFAULT 'kill'",
-                "memory": "TEXT NOT NULL DEFAULT ''",
-            },
-        }
-        for table, columns in added.items():
-            have = {row["name"] for row in self._conn.execute(f"PRAGMA table_info({table})")}
-            for column, declaration in columns.items():
-                if column not in have:
-                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    def _migrate(self, cls: type[R]) -> None:
+        """Bring the record's table up to its fields: a column renamed since (``cpus``) takes
+        its new name, a missing one is added, and relations that rows of earlier versions
+        kept in their ``metadata`` move to their own columns."""
+        table = cls.TABLE
+        have = {row["name"] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+        if "cpus" in have and "cpu" in stored_fields(cls):
+            self._conn.execute(f"ALTER TABLE {table} RENAME COLUMN cpus TO cpu")
+            have = (have - {"cpus"}) | {"cpu"}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, kind in stored_fields(cls).items():
+            if name not in have:
+                declaration = _declaration(kind, _default(fields[name]))
+                self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+        rows = self._conn.execute(f"SELECT id, metadata FROM {table}").fetchall()
+        for row in rows:
+            metadata = json.loads(row["metadata"] or "{}")
+            moved = {key: metadata.pop(key) for key in cls.RELATIONS if key in metadata}
+            if moved:
+                sets = ", ".join(f"{key} = :{key}" for key in moved)
+                self._conn.execute(
+                    f"UPDATE {table} SET metadata = :metadata, {sets} WHERE id = :id",
+                    {**moved, "metadata": json.dumps(metadata), "id": row["id"]},
+                )
 
     def close(self) -> None:
         """Close the connection."""
         self._conn.close()
 
-    def put(self, record: SandboxRecord) -> None:
-        """Insert or replace a sandbox row."""
-        row = asdict(record)
-        row["metadata"] = json.dumps(record.metadata)
-        row["vm"] = json.dumps(record.vm)
-        row["persistent"] = int(record.persistent)
-        row["host_access"] = int(record.host_access)
-        self._replace("sandboxes", row)
-        self.changes.sandbox(record.id, (record.status, row["metadata"], record.from_snapshot))
-
-    def _replace(self, table: str, row: dict[str, Any]) -> None:
+    def _replace(self, record: R) -> None:
+        kinds = stored_fields(type(record))
+        row = {name: _to_column(getattr(record, name), kind) for name, kind in kinds.items()}
         cols = ", ".join(row)
         marks = ", ".join(f":{c}" for c in row)
-        self._conn.execute(f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({marks})", row)
+        self._conn.execute(f"INSERT OR REPLACE INTO {record.TABLE} ({cols}) VALUES ({marks})", row)
+
+    def _load(self, cls: type[R]) -> list[R]:
+        """Every row of the record's table, oldest first."""
+        kinds = stored_fields(cls)
+        rows = self._conn.execute(f"SELECT * FROM {cls.TABLE} ORDER BY created_at").fetchall()
+        return [
+            cls(**{name: _from_column(row[name], kind) for name, kind in kinds.items()})
+            for row in rows
+        ]
+
+    def put(self, record: SandboxRecord) -> None:
+        """Insert or replace a sandbox row."""
+        self._replace(record)
+        metadata = json.dumps(record.api_metadata(), sort_keys=True)
+        self.changes.sandbox(record.id, (record.status, metadata, record.from_snapshot))
 
     def delete(self, sandbox_id: str) -> None:
         """Forget a sandbox."""
@@ -196,8 +263,7 @@ class Database:
 
     def all(self) -> list[SandboxRecord]:
         """Every sandbox, oldest first."""
-        rows = self._conn.execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
-        return [_record(row) for row in rows]
+        return self._load(SandboxRecord)
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         """Run one statement and return its rows (for the engine's smaller tables)."""
@@ -205,14 +271,7 @@ class Database:
 
     def put_snapshot(self, snap: SnapshotRecord) -> None:
         """Insert or replace a snapshot row."""
-        row = asdict(snap)
-        del row["memory_mb"], row["cpu"]  # derived from vm
-        row["vm"] = json.dumps(snap.vm)
-        row["contexts"] = json.dumps(snap.contexts)
-        row["hidden"] = int(snap.hidden)
-        row["metadata"] = json.dumps(snap.metadata)
-        row["attachments"] = json.dumps(snap.attachments)
-        self._replace("snapshots", row)
+        self._replace(snap)
         self.changes.bump()
 
     def delete_snapshot(self, snapshot_id: str) -> None:
@@ -222,8 +281,7 @@ class Database:
 
     def snapshots(self) -> list[SnapshotRecord]:
         """Every snapshot, oldest first."""
-        rows = self._conn.execute("SELECT * FROM snapshots ORDER BY created_at").fetchall()
-        return [_snapshot(row) for row in rows]
+        return self._load(SnapshotRecord)
 
     def add_layer(self, path: str, backing: str) -> None:
         """Record a layer and the one it lies over (``""``: it stands alone)."""
@@ -236,42 +294,3 @@ class Database:
     def layers(self) -> dict[str, str]:
         """Every layer (disk or memory), mapped to the one it lies over."""
         return dict(self._conn.execute("SELECT path, backing FROM layers").fetchall())
-
-
-@dataclass
-class SnapshotRecord(SnapshotInfo):
-    """A snapshot as the engine keeps it: what the API shows (:class:`SnapshotInfo`), plus
-    where it lives (a frozen disk layer, a memory layer, device state in its folder), the
-    VM it restores into, and whether it is a fork's hidden capture."""
-
-    disk: str = ""
-    memory: str = ""
-    vm: dict[str, Any] = field(default_factory=dict)
-    hidden: bool = False
-
-    def __post_init__(self) -> None:
-        self.memory_mb, self.cpu = self.vm.get("memory_mb"), self.vm.get("cpus")
-
-    @property
-    def backend(self) -> str:
-        """The backend that took it (and restores it)."""
-        return str(self.vm.get("backend", "vm"))
-
-
-def _record(row: sqlite3.Row) -> SandboxRecord:
-    data = dict(row)
-    data["metadata"] = json.loads(data["metadata"] or "{}")
-    data["vm"] = json.loads(data["vm"])
-    data["persistent"] = bool(data["persistent"])
-    data["host_access"] = bool(data["host_access"])
-    return SandboxRecord(**data)
-
-
-def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
-    data = dict(row)
-    data["vm"] = json.loads(data["vm"])
-    data["contexts"] = json.loads(data["contexts"])
-    data["hidden"] = bool(data["hidden"])
-    data["metadata"] = json.loads(data["metadata"])
-    data["attachments"] = json.loads(data["attachments"])
-    return SnapshotRecord(**data)

@@ -37,7 +37,7 @@ from sandfork.engine.manifest import (
     Manifest,
     parse_manifest,
 )
-from sandfork.engine.snapshots import ATTACHMENTS
+from sandfork.engine.snapshot_store import ATTACHMENTS
 
 __all__ = [
     "ATTACHMENT_PREFIX",

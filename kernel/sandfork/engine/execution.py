@@ -12,47 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandfork.backends.agent_link import (
-    AgentBadReply,
-    AgentError,
-    AgentUnavailable,
-    default_wait,
-)
 from sandfork.engine import outputs, replies
-from sandfork.engine.db import SandboxRecord
-from sandfork.engine.errors import (
-    ApiError,
-    BadReply,
-    Conflict,
-    NotFound,
-    Timeout,
-    TooLarge,
-    Unresponsive,
-)
+from sandfork.engine.errors import ApiError, BadReply, NotFound, Timeout, TooLarge
 from sandfork.engine.ledger import Ledger, now
-from sandfork.engine.sandboxes import Live, SandboxService
+from sandfork.engine.live import Check, Live, agent_failures
+from sandfork.engine.sandboxes import SandboxService
 from sandfork.protocol import DEFAULT_CONTEXT
 
-_AGENT_ERROR_STATUS = {
-    "BadRequest": 400,
-    "IsADirectory": 400,
-    "NotADirectory": 400,
-    "PermissionDenied": 403,
-    "NotFound": 404,
-    "Exists": 409,
-    "Timeout": 504,
-    "TooLarge": 413,
-    "Busy": 503,
-}
-UNRESPONSIVE = "unresponsive: "  # how a sandbox's ``error`` starts while its agent is silent
 _RESULT_FIELDS = ("stdout", "stderr", "exit_code", "duration_ms", "truncated")
-Check = Callable[[dict[str, Any]], Any]  # a reply check of sandfork.engine.replies
 
 # Run in a fork's code contexts when asked: forks start with identical RNG states.
 _RESEED = """\
@@ -64,40 +36,8 @@ del _os, _random, _sys
 """
 
 
-@contextlib.contextmanager
-def agent_failures(record: SandboxRecord) -> Iterator[None]:
-    """Map the agent's errors to API errors: its own by type, a lost connection as a 409,
-    no answer within the deadline as a 504 (and the sandbox's ``error`` says unresponsive
-    until its agent answers again), a reply that breaks the protocol or an error of a type
-    with no status of its own (the agent's ``Internal``, which guest code can forge) as a
-    502, never a 500."""
-    try:
-        yield
-    except TimeoutError as e:
-        record.error = f"{UNRESPONSIVE}{e}"
-        raise Unresponsive(f"sandbox {record.id} is unresponsive: {e}") from e
-    except AgentUnavailable as e:
-        raise Conflict(f"sandbox {record.id} did not answer: {e}") from e
-    except AgentBadReply as e:
-        _answered(record)
-        raise BadReply(f"the guest agent of sandbox {record.id} sent an invalid reply: {e}") from e
-    except AgentError as e:
-        _answered(record)
-        status = _AGENT_ERROR_STATUS.get(e.type)
-        if status is None:  # "Internal" and the like: the guest failed, not the engine
-            message = f"the guest agent of sandbox {record.id} failed: {e.message}"
-            raise ApiError(message, 502) from e
-        raise ApiError(e.message, status) from e
-    _answered(record)
-
-
-def _answered(record: SandboxRecord) -> None:
-    if record.error is not None and record.error.startswith(UNRESPONSIVE):
-        record.error = None
-
-
 @dataclass(frozen=True)
-class Command:
+class ShellCommand:
     """A shell command to run in a sandbox, as the API takes it."""
 
     cmd: str
@@ -136,11 +76,7 @@ class ExecutionService:
 
     async def _request(self, live: Live, op: str, args: dict[str, Any] | None, check: Check) -> Any:
         """:meth:`_call` in a sandbox already at hand (within an operation)."""
-        with agent_failures(live.record):
-            result = await live.instance.agent.request(
-                op, args, wait=default_wait(op, self.agent_timeout)
-            )
-            return check(result)
+        return await live.request(op, args, check, self.agent_timeout)
 
     async def _recorded(
         self, sandbox_id: str, kind: str, request: dict[str, Any], call: Awaitable[dict[str, Any]]
@@ -148,7 +84,7 @@ class ExecutionService:
         """Await ``call`` and append it, with its result, to the sandbox's ledger.
 
         A call that fails once it reached the sandbox (a timeout, an agent error) is recorded
-        too, as ``{"failed": {"status", "error"}}``: a resume replays the failure, so the
+        too, as ``{"failed": {"status", "error", "kind"}}``: a resume replays the failure, so the
         calls after it keep their numbers.
         """
         started_at, started = now(), time.monotonic()
@@ -156,7 +92,7 @@ class ExecutionService:
             result = await call
         except ApiError as e:
             if not isinstance(e, NotFound):
-                failure = {"failed": {"status": e.status, "error": e.message}}
+                failure = {"failed": {"status": e.status, "error": e.message, "kind": e.kind}}
                 duration_ms = int((time.monotonic() - started) * 1000)
                 self.ledger.append(sandbox_id, kind, request, failure, started_at, duration_ms)
             raise
@@ -173,7 +109,7 @@ class ExecutionService:
 
     # -- commands ---------------------------------------------------------------------------
 
-    def _exec_args(self, command: Command, stream: bool) -> dict[str, Any]:
+    def _exec_args(self, command: ShellCommand, stream: bool) -> dict[str, Any]:
         return {
             "cmd": command.cmd,
             "timeout": command.timeout or self.default_timeout,
@@ -184,13 +120,13 @@ class ExecutionService:
         }
 
     async def exec(
-        self, sandbox_id: str, command: Command, request: dict[str, Any]
+        self, sandbox_id: str, command: ShellCommand, request: dict[str, Any]
     ) -> dict[str, Any]:
         """Run a shell command and record it (``request`` as the client sent it); raises
         :class:`Timeout` when it had to be killed."""
         return await self._recorded(sandbox_id, "exec", request, self._exec(sandbox_id, command))
 
-    async def _exec(self, sandbox_id: str, command: Command) -> dict[str, Any]:
+    async def _exec(self, sandbox_id: str, command: ShellCommand) -> dict[str, Any]:
         args = self._exec_args(command, stream=False)
         async with self.sandboxes.working(sandbox_id) as live:
             with agent_failures(live.record):
@@ -203,7 +139,7 @@ class ExecutionService:
         return {k: result[k] for k in _RESULT_FIELDS}
 
     async def exec_stream(
-        self, sandbox_id: str, command: Command, request: dict[str, Any] | None = None
+        self, sandbox_id: str, command: ShellCommand, request: dict[str, Any] | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """Run a shell command, yielding ``stdout``/``stderr`` events as they come and then
         ``result`` (the fields of :meth:`exec`'s answer). With ``request``, the call is

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from sandfork.engine.errors import BadRequest
-from sandfork.engine.sandboxes import Live
+from sandfork.engine.live import Live
 from sandfork.protocol import DEFAULT_CONTEXT, INVENTORY_ATTACHMENT
 
 MAX_BYTES = 256 * 1024  # of the inventory's JSON text

@@ -11,15 +11,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandfork.engine.errors import ApiError
+from sandfork.engine.errors import OverLimit
 
 _MIB = 2**20
-
-
-class LimitExceeded(ApiError):
-    """The request would go past one of the engine's limits (429)."""
-
-    status = 429
 
 
 def physical_memory_mb() -> int:
@@ -45,13 +39,13 @@ class Limits:
         """Refuse ``count`` new sandboxes of ``memory_mb`` each when they would not fit
         (``running`` lists the memory of the sandboxes that run or are starting)."""
         if len(running) + count > self.max_sandboxes:
-            raise LimitExceeded(
+            raise OverLimit(
                 f"this would make {len(running) + count} sandboxes; the engine's limit is "
                 f"{self.max_sandboxes} (kill some, or raise max_sandboxes)"
             )
         total = sum(running) + count * memory_mb
         if total > self.total_memory_mb:
-            raise LimitExceeded(
+            raise OverLimit(
                 f"this would give running sandboxes {total} MiB of memory in all; the engine's "
                 f"limit is {self.total_memory_mb} MiB (kill some, or raise max_total_memory_mb)"
             )
@@ -60,7 +54,7 @@ class Limits:
         """Refuse a snapshot of about ``estimate`` bytes past the quota or the free disk."""
         quota = self.snapshot_quota_mb * _MIB
         if quota and stored_bytes + estimate > quota:
-            raise LimitExceeded(
+            raise OverLimit(
                 f"snapshots take {stored_bytes // _MIB} MiB and this one needs about "
                 f"{estimate // _MIB} MiB more; the quota is {self.snapshot_quota_mb} MiB "
                 "(delete some snapshots, or raise snapshot_quota_mb)"
@@ -75,7 +69,7 @@ class Limits:
             fields = dict(line.split(":", 1) for line in f)
         available = int(fields["MemAvailable"].split()[0]) * 1024
         if needed + 256 * _MIB > available:
-            raise LimitExceeded(
+            raise OverLimit(
                 f"{what} need about {needed // _MIB} MiB of the host's memory, which has "
                 f"{available // _MIB} MiB available (container copies share no pages; kill "
                 "some sandboxes, or use the vm backend)"
@@ -89,7 +83,7 @@ class Limits:
     def _check_free(path: Path, needed: int, what: str) -> None:
         free = shutil.disk_usage(path).free
         if needed + 64 * _MIB > free:
-            raise LimitExceeded(
+            raise OverLimit(
                 f"{what} ({path}) has {free // _MIB} MiB free; this needs about "
                 f"{needed // _MIB + 64} MiB"
             )

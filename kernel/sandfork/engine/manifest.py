@@ -20,13 +20,13 @@ from sandfork import manifest_checks as checks
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import SnapshotRecord
 from sandfork.engine.errors import BadRequest
-from sandfork.engine.snapshots import (
+from sandfork.engine.snapshot_store import (
     MAX_ATTACHMENT_BYTES,
     SNAPSHOT_ID,
     check_attachment_name,
     check_name,
 )
-from sandfork.protocol import CONTEXT_ID, ENGINE_METADATA_KEYS, SANDBOX_ID
+from sandfork.protocol import CONTEXT_ID, ENGINE_METADATA_KEYS, MIN_MEMORY_MB, SANDBOX_ID
 from sandfork.templates.errors import TemplateError
 from sandfork.templates.spec import check_template_name
 
@@ -170,7 +170,7 @@ def _snapshot_fields(
         raise _fail("snapshot.vm.cmdline must be a string")  # not used: ours is
     if vm["accelerator"] not in ("kvm", "tcg"):
         raise _fail("snapshot.vm.accelerator must be 'kvm' or 'tcg'")
-    _int(vm["memory_mb"], "snapshot.vm.memory_mb", 128, limits.max_memory_mb)
+    _int(vm["memory_mb"], "snapshot.vm.memory_mb", MIN_MEMORY_MB, limits.max_memory_mb)
     _int(vm["cpus"], "snapshot.vm.cpus", 1, limits.max_cpus)
     fields = {
         "name": snap.get("name"),

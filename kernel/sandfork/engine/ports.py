@@ -16,8 +16,9 @@ from sandfork.engine import replies
 from sandfork.engine.egress_stream import TunnelStream
 from sandfork.engine.egress_tunnel import PortUnreachable
 from sandfork.engine.errors import ApiError, BadRequest, Conflict
-from sandfork.engine.execution import agent_failures
-from sandfork.engine.sandboxes import HIBERNATED, PAUSED, SandboxService
+from sandfork.engine.live import agent_failures
+from sandfork.engine.sandboxes import SandboxService
+from sandfork.protocol import SandboxStatus
 
 _ANSWER_S = 30.0  # for the agent to connect (it tries 10 s on each loopback address)
 
@@ -35,17 +36,21 @@ def port_number(text: str) -> int:
     return int(text)
 
 
+def _resting(status: SandboxStatus) -> bool:
+    return status.is_hibernated or status is SandboxStatus.PAUSED
+
+
 async def list_ports(sandboxes: SandboxService, sandbox_id: str, wait: float) -> list[int]:
     """The ports a server listens on in the sandbox now (the agent's ``ports``): none while it
     hibernates or is paused. A listing never wakes a sandbox (JupyterLab's side panel lists
     the ports of the current notebook's sandbox at every change it hears of)."""
-    if sandboxes.get(sandbox_id).status in (*HIBERNATED, PAUSED):
+    if _resting(sandboxes.get(sandbox_id).status):
         return []
     async with sandboxes.activity.operation(sandbox_id):
         try:
             live = sandboxes.live(sandbox_id)
         except Conflict:
-            if sandboxes.get(sandbox_id).status in (*HIBERNATED, PAUSED):  # meanwhile
+            if _resting(sandboxes.get(sandbox_id).status):  # meanwhile
                 return []
             raise
         with agent_failures(live.record):

@@ -14,7 +14,6 @@ from sandfork.crashpoints import crash_point
 from sandfork.engine.db import SandboxRecord
 from sandfork.engine.errors import ApiError, BadRequest, NotFound
 from sandfork.engine.sandboxes import SandboxService
-from sandfork.protocol import FORK_PARENT, FORK_TREE, PROMOTED_FROM
 
 
 @dataclass
@@ -37,7 +36,7 @@ async def promote(
 ) -> Promoted:
     """Make fork child ``sandbox_id`` independent; kill what was asked for."""
     child = sandboxes.get(sandbox_id)
-    parent_id = child.metadata.get(FORK_PARENT)
+    parent_id = child.fork_parent_id
     if parent_id is None:
         raise BadRequest(f"sandbox {sandbox_id} is not a fork child: nothing to promote")
     sandboxes.live(sandbox_id)  # promoting a dead child would leave nothing running
@@ -55,15 +54,14 @@ async def promote(
     if kill_siblings:
         for sibling in sandboxes.all():
             if (
-                sibling.metadata.get(FORK_PARENT) == parent_id
+                sibling.fork_parent_id == parent_id
                 and sibling.id != sandbox_id
-                and (tree_id is None or sibling.metadata.get(FORK_TREE) == tree_id)
+                and (tree_id is None or sibling.fork_tree_id == tree_id)
             ):
                 await kill(sibling.id, result.siblings)
     if kill_parent:
         await kill(parent_id, result.parent)
     crash_point("promote.killed")
-    kept = {k: v for k, v in child.metadata.items() if k not in (FORK_PARENT, FORK_TREE)}
-    child.metadata = {**kept, PROMOTED_FROM: parent_id}
+    child.fork_parent_id, child.fork_tree_id, child.promoted_from = None, None, parent_id
     sandboxes.save(child)
     return result

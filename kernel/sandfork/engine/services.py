@@ -1,13 +1,18 @@
 """The engine's services, built together: what the HTTP handlers speak to.
 
 - :class:`~sandfork.engine.sandboxes.SandboxService`: the life of each sandbox (create,
-  restore, adopt after a restart, watch, lease, kill);
+  restore, watch, lease), each status transition its
+  :class:`~sandfork.engine.lifecycle.Lifecycle`'s (start, pause, hibernate, wake, kill,
+  adopt after a restart);
 - :class:`~sandfork.engine.execution.ExecutionService`: work inside a running sandbox
   (commands, files, code contexts) and the ledger that records it;
-- :class:`~sandfork.engine.snapshotting.SnapshotService`: snapshots, forks, checkpoints,
+- :class:`~sandfork.engine.snapshots.SnapshotService`: snapshots, forks, checkpoints,
   export and import.
 
-Data flows one way: handler → service → backend → guest.
+Each is given its collaborators when it is built (:meth:`EngineServices.build`); the
+:class:`~sandfork.engine.capture.Capturer`, which the hibernations of the sandbox service and
+the snapshots of the snapshot service both use, is built before either. Data flows one way:
+handler → service → backend → guest.
 """
 
 from __future__ import annotations
@@ -17,16 +22,16 @@ from pathlib import Path
 
 from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
+from sandfork.engine.capture import Capturer
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
 from sandfork.engine.egress_tunnel import EgressTunnels
 from sandfork.engine.execution import ExecutionService
-from sandfork.engine.expiry import Expiry
 from sandfork.engine.ledger import Ledger
 from sandfork.engine.limits import Limits
 from sandfork.engine.sandboxes import SandboxService
-from sandfork.engine.snapshots import SnapshotStore
-from sandfork.engine.snapshotting import SnapshotService
+from sandfork.engine.snapshot_store import SnapshotStore
+from sandfork.engine.snapshots import SnapshotService
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,24 @@ class EngineServices:
         folder's ``scratch``); ``egress`` serves the sandboxes' egress channels."""
         store = SnapshotStore(db, home, scratch)
         ledger = Ledger(db)
-        sandboxes = SandboxService(db, backends, home, store, boot_captures, limits, egress)
+        capturer = Capturer(
+            db,
+            store,
+            backends,
+            inventory_timeout=bounds.inventory_timeout,
+            agent_timeout=bounds.agent_timeout,
+        )
+        sandboxes = SandboxService(
+            db,
+            backends,
+            home,
+            store,
+            capturer,
+            boot_captures,
+            limits,
+            hibernate_wait=bounds.hibernate_wait,
+            egress=egress,
+        )
         execution = ExecutionService(
             sandboxes,
             ledger,
@@ -76,18 +98,7 @@ class EngineServices:
             agent_timeout=bounds.agent_timeout,
             max_file_bytes=bounds.max_file_bytes,
         )
-        snapshots = SnapshotService(
-            sandboxes,
-            execution,
-            store,
-            ledger,
-            backends,
-            limits,
-            home,
-            bounds.inventory_timeout,
-            bounds.hibernate_wait,
-        )
-        Expiry(sandboxes, snapshots)
+        snapshots = SnapshotService(sandboxes, execution, store, ledger, backends, limits, home)
         return cls(sandboxes, execution, snapshots)
 
     async def start(self) -> None:

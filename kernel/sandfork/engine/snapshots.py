@@ -1,319 +1,262 @@
-"""Snapshot records, their directories and the disk and memory layers they share.
+"""Snapshots of running sandboxes, forks, checkpoints, and snapshots moved between machines.
 
-A snapshot is a directory ``snapshots/<id>/`` holding its backend's state (a VM's device
-state, a container's CRIU image) and its attachments, plus layers in ``layers/``: a frozen
-disk layer (a qcow2 file, or a container's layer directory) and, for a VM, a memory layer
-(``.mem``). Which files a backend makes is its own business; this store only knows what lies
-over what. Layers form chains: a disk layer is an overlay of the one below, down to a
-template's image; a memory layer is a delta over the one below or a full image that stands
-alone (a boot capture's image ends a chain too). A layer is kept while a snapshot or a
-running sandbox has it in a chain, and collected once nothing does. Directories are written
-under a temporary name and renamed into place before the database row is added, so a crash
-never lists a snapshot that cannot be restored.
+One job: what is made of captures. A snapshot is a capture (:mod:`sandfork.engine.capture`)
+within the engine's quota; a fork is a hidden snapshot restored N times; a checkpoint is a
+snapshot marked in the ledger; an export is one self-contained file that another engine
+imports trusting nothing in it. The snapshots themselves are kept by
+:mod:`sandfork.engine.snapshot_store`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import logging
+import asyncio
 import os
-import secrets
 import shutil
-from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
 from pathlib import Path
+from typing import Any
 
-from sandfork import protocol
-from sandfork.backends.base import Capture, MachineSpec
-from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
-from sandfork.engine.errors import BadRequest, Conflict, NotFound
-from sandfork.protocol import HIBERNATION_OF
-from sandfork.protocol import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
-from sandfork.protocol import SNAPSHOT_ID as SNAPSHOT_ID
-from sandfork.protocol import new_snapshot_id as new_snapshot_id
-
-log = logging.getLogger(__name__)
-
-ATTACHMENTS = "attachments"  # the folder of a snapshot's attached files
-
-
-def check_name(name: str) -> str:
-    """``name`` if it is a valid snapshot name (:mod:`sandfork.protocol`'s rule), else a 400."""
-    try:
-        return protocol.check_snapshot_name(name)
-    except ValueError as e:
-        raise BadRequest(str(e)) from e
+from sandfork.backends.vm.backend import VmBackend
+from sandfork.crashpoints import crash_point
+from sandfork.engine import exchange, inventory
+from sandfork.engine.backends import Backends
+from sandfork.engine.db import SandboxRecord, SnapshotRecord
+from sandfork.engine.errors import ApiError, Conflict
+from sandfork.engine.execution import ExecutionService
+from sandfork.engine.ledger import Ledger
+from sandfork.engine.limits import Limits
+from sandfork.engine.sandboxes import SandboxService
+from sandfork.engine.snapshot_store import (
+    ATTACHMENTS,
+    SnapshotStore,
+    new_snapshot_id,
+)
+from sandfork.protocol import INVENTORY_ATTACHMENT, new_fork_tree_id
 
 
-def check_attachment_name(name: str) -> str:
-    """``name`` if it is a valid attachment name (a plain file name), else a 400."""
-    try:
-        return protocol.check_attachment_name(name)
-    except ValueError as e:
-        raise BadRequest(str(e)) from e
+class SnapshotService:
+    """Takes, forks, checkpoints, exports, imports and deletes snapshots."""
 
+    def __init__(
+        self,
+        sandboxes: SandboxService,
+        execution: ExecutionService,
+        store: SnapshotStore,
+        ledger: Ledger,
+        backends: Backends,
+        limits: Limits,
+        home: Path,
+    ) -> None:
+        self.sandboxes = sandboxes
+        self.execution = execution
+        self.store = store
+        self.ledger = ledger
+        self.backends = backends
+        self.limits = limits
+        self.tmp_dir = home / "tmp"  # export and import files; what a killed engine left goes
+        exchange.reset_tmp(self.tmp_dir)
 
-def write_attachments(staging: Path, attachments: dict[str, bytes]) -> list[str]:
-    """Store files with a snapshot being written; returns their names."""
-    if sum(len(data) for data in attachments.values()) > MAX_ATTACHMENT_BYTES:
-        raise BadRequest(f"attachments are limited to {MAX_ATTACHMENT_BYTES >> 20} MiB in all")
-    if attachments:
-        (staging / ATTACHMENTS).mkdir()
-    for name, data in attachments.items():
-        (staging / ATTACHMENTS / check_attachment_name(name)).write_bytes(data)
-    return sorted(attachments)
-
-
-def stored_bytes(path: Path | None) -> int:
-    """Bytes a file (or a folder's files, all the way down) take on disk: holes are free."""
-    if path is None or not path.exists():
-        return 0
-    if not path.is_dir():
-        return path.stat().st_blocks * 512
-    total = 0
-    for folder, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
-    return total
-
-
-def _delete(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-class SnapshotStore:
-    """The snapshots and disk layers of one engine."""
-
-    def __init__(self, db: Database, root: Path, scratch: Path) -> None:
-        self.db = db
-        self.dir = root / "snapshots"
-        self.layers_dir = root / "layers"
-        self.scratch = scratch
-        for path in (self.dir, self.layers_dir, self.scratch):
-            path.mkdir(parents=True, exist_ok=True)
-            path.chmod(0o700)
-        self._records = {s.id: s for s in db.snapshots()}
-        self._pending: set[str] = set()
-        self._pending_layers: set[str] = set()  # layers being created, not yet referenced
-        self._deleter = ThreadPoolExecutor(1, thread_name_prefix="sandfork-delete")
-        for folder in (self.dir, self.layers_dir, self.scratch):
-            for leftover in folder.glob(".trash-*"):  # an earlier engine died deleting them
-                _delete(leftover)
-        self._in_use: Counter[str] = Counter()  # snapshots being restored right now
-        for snap in [s for s in self._records.values() if s.hidden]:
-            # A fork's capture lives in scratch memory and only while the fork runs.
-            db.delete_snapshot(snap.id)
-            del self._records[snap.id]
-
-    def new_layer(self, backing: Path | None, suffix: str) -> Path:
-        """Register a new layer over ``backing`` (``None``: it stands alone); the caller
-        creates the file.
-
-        The layer is owned from this moment: :meth:`collect` keeps it until the caller hands
-        it over (a record refers to it) or gives it up, both with :meth:`settle`.
-        """
-        path = self.layers_dir / f"{secrets.token_hex(8)}{suffix}"
-        self.db.add_layer(str(path), str(backing or ""))
-        self._pending_layers.add(str(path))
-        return path
-
-    def set_backing(self, layer: Path, backing: Path | None) -> None:
-        """Record what a layer lies over once its writer has chosen (``None``: nothing)."""
-        self.db.add_layer(str(layer), str(backing or ""))
-
-    def memory_chain(self, top: str) -> list[Path]:
-        """The memory layers from ``top`` down to the full image, top first (``[]`` for a
-        sandbox that booted: its memory was zeros)."""
-        if not top:
-            return []
-        layers = self.db.layers()
-        chain = [Path(top)]
-        while layers.get(str(chain[-1])):
-            chain.append(Path(layers[str(chain[-1])]))
-        return chain
-
-    def capture(self, snap: SnapshotRecord) -> Capture:
-        """What a sandbox restored from ``snap`` starts from."""
-        spec = MachineSpec.from_dict(snap.vm)
-        return Capture(self.path(snap.id), spec, Path(snap.disk), self.memory_chain(snap.memory))
-
-    def settle(self, *layers: Path) -> None:
-        """End the ownership :meth:`new_layer` started; unreferenced layers can now go."""
-        self._pending_layers.difference_update(str(layer) for layer in layers)
-
-    def adopt_chain(self, chain: list[Path]) -> None:
-        """Record a running VM's disk chain (top first) as QEMU reports it.
-
-        An engine killed between freezing a layer and saving the sandbox's record left a
-        layer the database does not know as the VM's disk: the chain read from QEMU wins.
-        """
-        for layer, backing in itertools.pairwise(chain):
-            if layer.parent == self.layers_dir:
-                self.db.add_layer(str(layer), str(backing))
-
-    def staging(self, snapshot_id: str, in_memory: bool) -> Path:
-        """A fresh directory to write a snapshot into: in scratch memory, or on disk."""
-        self._pending.add(snapshot_id)
-        parent = self.scratch if in_memory else self.dir
-        parent.mkdir(parents=True, exist_ok=True)  # /dev/shm may have been emptied
-        path = parent / f".tmp-{snapshot_id}"
-        path.mkdir()
-        return path
-
-    def abandon(self, snapshot_id: str, staging: Path) -> None:
-        """Drop a capture that failed."""
-        shutil.rmtree(staging, ignore_errors=True)
-        self._pending.discard(snapshot_id)
-
-    def publish(self, record: SnapshotRecord, staging: Path) -> None:
-        """Move a complete snapshot into place (a rename: into scratch memory for a fork's
-        capture staged there, else into the snapshot folder) and list it."""
-        try:
-            in_memory = record.hidden and staging.parent == self.scratch
-            staging.rename((self.scratch if in_memory else self.dir) / record.id)
-            self.db.put_snapshot(record)
-            self._records[record.id] = record
-        finally:
-            self._pending.discard(staging.name.removeprefix(".tmp-"))
-
-    def path(self, snapshot_id: str, hidden: bool | None = None) -> Path:
-        """The directory of a snapshot (a fork's capture may be in scratch memory)."""
-        if hidden is None:
-            hidden = self.get(snapshot_id).hidden
-        in_memory = self.scratch / snapshot_id
-        return in_memory if hidden and in_memory.exists() else self.dir / snapshot_id
-
-    def attachment(self, snapshot_id: str, name: str) -> Path:
-        """The file ``name`` stored with a snapshot, or 404."""
-        record = self.get(snapshot_id)
-        if name not in record.attachments:
-            raise NotFound(f"snapshot {snapshot_id} has no attachment {name!r}")
-        return self.path(snapshot_id) / ATTACHMENTS / name
-
-    @contextlib.contextmanager
-    def in_use(self, snapshot_id: str) -> Iterator[SnapshotRecord]:
-        """Hold a snapshot while a sandbox is restored from it: deleting it meanwhile is a 409."""
-        record = self.get(snapshot_id)
-        self._in_use[snapshot_id] += 1
-        try:
-            yield record
-        finally:
-            self._in_use[snapshot_id] -= 1
-            if not self._in_use[snapshot_id]:  # a Counter keeps zeros: one per restore, for ever
-                del self._in_use[snapshot_id]
-
-    def tracked(self) -> dict[str, int]:
-        """Sizes of the store's tables (:mod:`sandfork.engine.stats`)."""
-        return {
-            "snapshot_records": len(self._records),
-            "snapshots_pending": len(self._pending),
-            "layers_pending": len(self._pending_layers),
-            "snapshots_in_use": len(self._in_use),
-        }
+    def visible(
+        self, sandbox_id: str | None = None, metadata: dict[str, str] | None = None
+    ) -> list[SnapshotRecord]:
+        """Visible snapshots, newest first, optionally only those of one sandbox (killed
+        ones included: their snapshots outlive them) and those whose metadata has each
+        key of ``metadata`` with its value."""
+        return self.store.visible(sandbox_id, metadata)
 
     def get(self, snapshot_id: str) -> SnapshotRecord:
         """A snapshot, or 404."""
-        record = self._records.get(snapshot_id)
-        if record is None:
-            raise NotFound(f"no snapshot {snapshot_id!r}")
-        return record
-
-    def visible(self, sandbox_id: str | None = None) -> list[SnapshotRecord]:
-        """Visible snapshots, newest first, optionally only those of one sandbox (neither
-        forks' captures nor hibernated sandboxes')."""
-        found = [
-            s
-            for s in self._records.values()
-            if not s.hidden
-            and HIBERNATION_OF not in s.metadata
-            and (sandbox_id is None or s.sandbox_id == sandbox_id)
-        ]
-        return sorted(found, key=lambda s: s.created_at, reverse=True)
-
-    def hibernation_of(self, sandbox_id: str) -> SnapshotRecord | None:
-        """The capture a hibernated sandbox wakes from (the newest, if a crash left two)."""
-        found = [s for s in self._records.values() if s.metadata.get(HIBERNATION_OF) == sandbox_id]
-        return max(found, key=lambda s: s.created_at, default=None)
-
-    def drop_hibernations(
-        self, keep: set[str], sandboxes: list[SandboxRecord], of: str | None = None
-    ) -> None:
-        """Delete the hibernation captures (of sandbox ``of``, or of any) whose sandbox is
-        not in ``keep``: a sandbox killed, woken, or left running by a crash."""
-        for snap in list(self._records.values()):
-            owner = snap.metadata.get(HIBERNATION_OF)
-            if owner is not None and owner not in keep and of in (None, owner):
-                self.delete(snap.id, sandboxes)
+        return self.store.get(snapshot_id)
 
     def rename(self, snapshot_id: str, name: str) -> SnapshotRecord:
         """Give a snapshot a new name."""
-        check_name(name)
-        record = self.get(snapshot_id)
-        record.name = name
-        self.db.put_snapshot(record)
-        return record
+        return self.store.rename(snapshot_id, name)
 
-    def delete(self, snapshot_id: str, sandboxes: list[SandboxRecord]) -> None:
-        """Delete a snapshot; layers still used by others stay."""
-        record = self.get(snapshot_id)
-        if self._in_use[snapshot_id]:
-            raise Conflict(
-                f"snapshot {snapshot_id} is being restored into a new sandbox right now; "
-                "delete it once that has finished"
-            )
-        self.db.delete_snapshot(snapshot_id)
-        del self._records[snapshot_id]
-        self._remove(self.path(snapshot_id, record.hidden))
-        self.collect(sandboxes)
+    def attachment(self, snapshot_id: str, name: str) -> bytes:
+        """The file ``name`` stored with a snapshot, or 404."""
+        return self.store.attachment(snapshot_id, name).read_bytes()
 
-    def _remove(self, path: Path) -> None:
-        """Delete a file or folder off the event loop: unlinking gigabytes takes a while.
+    async def snapshot(
+        self,
+        sandbox_id: str,
+        name: str | None = None,
+        *,
+        hidden: bool = False,
+        metadata: dict[str, str] | None = None,
+        attachments: dict[str, bytes] | None = None,
+    ) -> SnapshotRecord:
+        """Capture a running sandbox (it keeps running) into an immutable snapshot.
 
-        Renamed first, so a snapshot id is free at once; an engine killed before the
-        deletion is done finds the leftover unowned at its next start and deletes it then.
+        ``attachments`` are files stored with it (a notebook document, say), written before
+        the snapshot is listed: it appears with them or not at all. A visible snapshot also
+        gets the engine's ``inventory.json`` (:mod:`sandfork.engine.inventory`).
         """
-        doomed = path.with_name(f".trash-{path.name}")
-        with contextlib.suppress(FileNotFoundError):
-            path.rename(doomed)
-            self._deleter.submit(_delete, doomed)
+        inventory.refuse_client_inventory(attachments)
+        async with self.sandboxes.working(sandbox_id) as live:  # a sleeper wakes first
+            estimate = live.instance.memory_bytes()
+            if hidden:  # a fork's capture: no quota (not listed), but its layers are on disk
+                self.limits.check_disk(estimate)
+            else:
+                stored = sum(s.size_bytes for s in self.store.visible())
+                self.limits.check_snapshot(stored, estimate)
+            async with self.sandboxes.lock(sandbox_id):
+                return await self.sandboxes.capture(
+                    sandbox_id, name, hidden=hidden, metadata=metadata, attachments=attachments
+                )
 
-    def drain(self) -> None:
-        """Wait until every deletion handed to the background so far is done."""
-        self._deleter.submit(lambda: None).result()
+    async def fork(
+        self, sandbox_id: str, count: int, *, metadata: dict[str, str], reseed_python: bool
+    ) -> list[SandboxRecord]:
+        """Clone a running sandbox ``count`` times from one capture; the parent runs on."""
+        parent = self.sandboxes.get(sandbox_id)
+        self.sandboxes.check_room(count, parent.memory_mb)
+        backend = self.backends.of(parent)
+        if not backend.shares_memory:
+            used = self.sandboxes.live(sandbox_id).instance.memory_bytes()
+            copies = count + 1 if backend.captures_in_memory else count  # the capture's too
+            self.limits.check_host_memory(copies * used, f"{count} copies of sandbox {sandbox_id}")
+        snap = await self.snapshot(sandbox_id, hidden=True)
+        crash_point("fork.captured")
+        tree = new_fork_tree_id()
+        try:
+            children = await asyncio.gather(
+                *(
+                    self.sandboxes.create_from_snapshot(
+                        snap.id,
+                        metadata=metadata,
+                        persistent=parent.persistent,
+                        host_access=parent.host_access,
+                        relations={"fork_parent_id": sandbox_id, "fork_tree_id": tree},
+                    )
+                    for _ in range(count)
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            self.store.delete(snap.id, self.sandboxes.all())
+        failures = [c for c in children if isinstance(c, BaseException)]
+        made = [c for c in children if isinstance(c, SandboxRecord)]
+        if failures:
+            for child in made:
+                await self.sandboxes.kill(child.id)
+            raise ApiError(f"the fork failed: {failures[0]}", 500)
+        for child in made:
+            child.from_snapshot = None
+            self.sandboxes.save(child)
+            if reseed_python:
+                await self.execution.reseed_python(child.id)
+        return made
 
-    def collect(self, sandboxes: list[SandboxRecord]) -> None:
-        """Delete leftovers of interrupted snapshots and every layer nothing uses."""
-        scratch = list(self.scratch.iterdir()) if self.scratch.exists() else []
-        for entry in [*self.dir.iterdir(), *scratch]:
-            if entry.name.startswith(".trash-"):
-                continue  # being deleted
-            name = entry.name.removeprefix(".tmp-")
-            if name not in self._records and name not in self._pending:
-                log.info("removing incomplete snapshot directory %s", entry)
-                self._remove(entry)
-        layers = self.db.layers()
-        keep: set[str] = set()
-        roots = [s.disk for s in self._records.values()] + [s.disk for s in sandboxes]
-        roots += [s.memory for s in self._records.values()] + [s.memory for s in sandboxes]
-        roots += self._pending_layers
-        for path in roots:
-            while path in layers and path not in keep:
-                keep.add(path)
-                path = layers[path]
-        for path in set(layers) - keep:
-            self._remove(Path(path))
-            self.db.delete_layer(path)
+    async def checkpoint(self, sandbox_id: str, name: str | None) -> dict[str, Any]:
+        """Snapshot the sandbox and record a ``checkpoint_created`` event in its ledger."""
+        snap = await self.snapshot(sandbox_id, name)
+        return self.ledger.checkpoint(sandbox_id, snap.id, name)
 
-    def remove_strays(self) -> None:
-        """Delete the layer files the database does not know (left by an engine killed
-        before it recorded them). Only at start: no layer is being created then."""
-        known = self.db.layers()
-        for stray in self.layers_dir.glob("[!.]*"):
-            if str(stray) not in known:
-                self._remove(stray)
+    async def resume(
+        self, sandbox_id: str, name: str | None
+    ) -> tuple[SandboxRecord, list[dict[str, Any]]]:
+        """Restore the latest (or named) checkpoint of a sandbox, alive or killed.
+
+        Returns the new sandbox and the calls made before the checkpoint, which the client
+        replays from cache; the new sandbox's ledger starts with them.
+        """
+        checkpoint = self.ledger.find_checkpoint(sandbox_id, name)
+        record = await self.sandboxes.create_from_snapshot(
+            checkpoint["snapshot_id"],
+            metadata={},
+            persistent=False,
+            relations={"resumed_from": sandbox_id},
+        )
+        self.ledger.copy(sandbox_id, record.id, checkpoint["seq"])
+        return record, self.ledger.entries(record.id)
+
+    async def export_snapshot(self, snapshot_id: str, out: Path) -> None:
+        """Write a snapshot to one portable file (see :mod:`sandfork.engine.exchange`)."""
+        snap = self.store.get(snapshot_id)
+        backend = self._exchanging(snap.vm.get("backend", "vm"))
+        chain = self.store.memory_chain(snap.memory)
+        flat = Path(tempfile.mkdtemp(prefix="export-", dir=self.tmp_dir)) / "memory.img"
+        try:
+            if len(chain) > 1:  # the file is self-contained: one full image
+                await asyncio.to_thread(backend.flatten_memory, chain, flat, snap.vm["memory_mb"])
+            await asyncio.to_thread(
+                exchange.export_snapshot,
+                snap,
+                self.store.path(snap.id),
+                flat if len(chain) > 1 else chain[0],
+                out,
+                backend.images,
+            )
+        finally:
+            shutil.rmtree(flat.parent, ignore_errors=True)
+
+    async def import_snapshot(self, file: Path, limits: exchange.ImportLimits) -> SnapshotRecord:
+        """Add the snapshot in an exported file under a new id; its template is built here if
+        needed. Nothing in the file is trusted (see :mod:`sandfork.engine.exchange`)."""
+        snapshot_id = new_snapshot_id()
+        backend = self._exchanging("vm")
+        staging = Path(tempfile.mkdtemp(prefix="import-", dir=self.tmp_dir))
+        memory = self.store.new_layer(None, ".mem")
+        layers: list[Path] = [memory]
+        try:
+            stored = sum(s.size_bytes for s in self.store.visible())
+
+            def admit(manifest: exchange.Manifest) -> None:  # before a member is written
+                self.limits.check_snapshot(stored, manifest.total_bytes)
+
+            manifest = await asyncio.to_thread(exchange.unpack, file, staging, limits, admit)
+            built = await self.sandboxes.template(manifest.fields["template"])
+            if (built.boot_key, built.rootfs.parent.name) != (
+                manifest.boot_key,
+                manifest.rootfs_key,
+            ):
+                raise Conflict(
+                    f"this snapshot needs template {built.name!r} built from the same inputs "
+                    f"(boot {manifest.boot_key}, image {manifest.rootfs_key}); "
+                    f"here it is boot {built.boot_key}, image {built.rootfs.parent.name}"
+                )
+            await asyncio.to_thread(
+                exchange.check_layers, staging, manifest.layers, built.rootfs, backend.images
+            )
+            backing = built.rootfs
+            for i in range(manifest.layers):
+                layer = self.store.new_layer(backing, backend.images.suffix)
+                layers.append(layer)
+                (staging / f"layer{i}.qcow2").rename(layer)
+                await asyncio.to_thread(backend.images.rebase, layer, backing)
+                backing = layer
+            if manifest.fields["attachments"]:
+                (staging / ATTACHMENTS).mkdir()
+            for name in manifest.fields["attachments"]:
+                (staging / (exchange.ATTACHMENT_PREFIX + name)).rename(staging / ATTACHMENTS / name)
+            imported = staging / ATTACHMENTS / INVENTORY_ATTACHMENT
+            if imported.exists():
+                imported.write_bytes(inventory.sanitized(imported.read_bytes()))
+            (staging / "memory.img").rename(memory)
+            os.truncate(memory, manifest.memory_mb * 2**20)  # VMs map it whole
+            spec = backend.spec(built, manifest.memory_mb, manifest.cpus)
+            # The saved state needs the accelerator it was taken under.
+            vm = {**spec.to_dict(), "accelerator": manifest.accelerator}
+            snap = manifest.record(snapshot_id, backing, vm)
+            snap.memory = str(memory)
+            self.store.publish(snap, staging)
+            return snap
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            self.store.settle(*layers)
+            self.store.collect(self.sandboxes.all())
+
+    def _exchanging(self, name: str) -> VmBackend:
+        """The backend whose snapshots travel in files: the VM's (container snapshots do not
+        yet: their CRIU images would have to be proved harmless before a restore, which runs
+        as root)."""
+        backend = self.backends[name]
+        if not isinstance(backend, VmBackend):
+            raise ApiError(
+                f"snapshots of the {name} backend cannot be exported or imported yet", 501
+            )
+        return backend
+
+    def delete(self, snapshot_id: str) -> None:
+        """Delete a snapshot; what other snapshots and sandboxes use stays."""
+        self.store.delete(snapshot_id, self.sandboxes.all())

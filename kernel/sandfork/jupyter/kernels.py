@@ -1,5 +1,11 @@
 """Sandfork kernels of a Jupyter server: which sandbox each one runs in, and starting new
-kernels attached to a given sandbox (how restores and forks open notebooks)."""
+kernels attached to a given sandbox (how restores and forks open notebooks).
+
+A kernel is asked which sandbox it uses now, with a ``kernel_info_request`` on its control
+channel (:mod:`sandfork.proxy_kernel.kernel_info`), each time it matters: the answer goes by
+the Jupyter protocol, so it holds wherever the kernel runs and its connection file lies, and it
+follows the kernel onto another sandbox (``%restore``, ``%rewind``, a move onto a checkpoint).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandfork.jupyter.errors import http_error
-from sandfork.proxy_kernel.state import load_state, state_file
+from sandfork.proxy_kernel import kernel_info
 
 KERNEL_NAME = "sandfork"
 ATTACH_TIMEOUT = 120.0  # seconds a new kernel may take to reach its sandbox
+ASK_TIMEOUT = 5.0  # seconds an attached kernel may take to say which sandbox it uses
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,7 @@ def _kernel(kernel_manager: Any, kernel_id: str) -> Any:
     return kernel_manager.get_kernel(kernel_id)
 
 
-def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox:
+async def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox:
     """The sandbox behind a kernel; 404 (no kernel), 400 (not Sandfork) or 409 (attaching)."""
     kernel = _kernel(kernel_manager, kernel_id)
     if not is_sandfork_spec(kernel_manager.kernel_spec_manager, kernel.kernel_name):
@@ -59,18 +66,20 @@ def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox:
             f"kernel {kernel_id} runs {kernel.kernel_name!r}, not a Sandfork kernel: "
             "switch the notebook to 'Python 3 (Sandfork)'",
         )
-    found = _read_state(kernel)
+    found = await _ask(kernel, ASK_TIMEOUT)
     if found is None:
         raise http_error(409, f"kernel {kernel_id} is still starting its sandbox; try again")
     return found
 
 
-def _read_state(kernel: Any) -> KernelSandbox | None:
-    """What the kernel recorded once attached, else None."""
+async def _ask(kernel: Any, timeout: float) -> KernelSandbox | None:
+    """The sandbox the kernel says it uses, else None (it has not attached, or is gone)."""
+    client = kernel.client()
+    client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
-        data = load_state(state_file(kernel.connection_file))
-    except (OSError, ValueError):
-        return None
+        data = await kernel_info.ask(client, timeout)
+    finally:
+        client.stop_channels()
     if data is None:
         return None
     checkpoints = data.get("checkpoints") or {}
@@ -79,15 +88,17 @@ def _read_state(kernel: Any) -> KernelSandbox | None:
     )
 
 
-def sandbox_kernels(kernel_manager: Any) -> dict[str, str]:
+async def sandbox_kernels(kernel_manager: Any) -> dict[str, str]:
     """Sandbox id -> id of the live Sandfork kernel of this server attached to it."""
-    found: dict[str, str] = {}
+    specs = kernel_manager.kernel_spec_manager
+    kernels = []
     for kernel_id in kernel_manager.list_kernel_ids():
         with contextlib.suppress(KeyError):
-            state = _read_state(kernel_manager.get_kernel(kernel_id))
-            if state is not None:
-                found[state.sandbox_id] = kernel_id
-    return found
+            kernel = kernel_manager.get_kernel(kernel_id)
+            if is_sandfork_spec(specs, kernel.kernel_name):
+                kernels.append(kernel)
+    answers = await asyncio.gather(*(_ask(kernel, ASK_TIMEOUT) for kernel in kernels))
+    return {found.sandbox_id: found.kernel_id for found in answers if found is not None}
 
 
 async def start_attached(
@@ -120,15 +131,15 @@ async def wait_attached(
     an HTTP error if it exits or takes longer than :data:`ATTACH_TIMEOUT`."""
     kernel = kernel_manager.get_kernel(kernel_id)
     deadline = asyncio.get_running_loop().time() + ATTACH_TIMEOUT
-    while (state := _read_state(kernel)) is None or target not in (
-        None,
-        (state.sandbox_id, state.context),
-    ):
+    # The kernel answers once it has attached: until then each ask runs out.
+    while (found := await _ask(kernel, 1.0)) is None:
         if not await kernel.is_alive():
             raise http_error(500, f"the Sandfork kernel {kernel_id} exited")
         if asyncio.get_running_loop().time() > deadline:
             raise http_error(504, f"the kernel {kernel_id} did not attach in time")
-        await asyncio.sleep(0.1)
+    if target not in (None, (found.sandbox_id, found.context)):
+        attached = f"{found.sandbox_id} ({found.context})"
+        raise http_error(500, f"the kernel {kernel_id} attached to {attached}, not {target}")
 
 
 async def shutdown_quietly(kernel_manager: Any, kernel_id: str) -> None:

@@ -7,11 +7,13 @@ every kernel running. So JupyterLab runs in its own process group (the terminal'
 only this process), and a Ctrl-C, SIGTERM or SIGHUP here becomes a SIGTERM there; a second one
 kills it. This process is the subreaper of JupyterLab's descendants: a Sandfork kernel that
 outlives it becomes our child, is sent SIGTERM (it kills its own sandbox) and, failing that,
-SIGKILL, after which its sandbox is killed here. JupyterLab gets SIGTERM if this process dies.
+SIGKILL, after which its sandbox (which it named, asked over the Jupyter protocol before it was
+ended) is killed here. JupyterLab gets SIGTERM if this process dies.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -22,12 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from sandfork.proxy_kernel.state import load_state, state_file
+from jupyter_client.asynchronous import AsyncKernelClient
+
+from sandfork.proxy_kernel import kernel_info
 from sandfork.sdk import Client, Sandbox, SandforkError
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _KERNEL_EXIT_TIMEOUT = 15.0  # seconds a leftover kernel has to end after SIGTERM
+_ASK_TIMEOUT = 5.0  # seconds a leftover kernel has to say which sandbox it owns
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -108,6 +113,7 @@ def end_leftover_kernels(client: Client) -> list[str]:
     """End the Sandfork kernels JupyterLab left behind, and their own sandboxes; returns what
     was done, one line each."""
     kernels = leftover_kernels()
+    owned = asyncio.run(_owned_sandboxes(kernels)) if kernels else {}
     done: list[str] = []
     for pid in kernels:
         with contextlib.suppress(ProcessLookupError):
@@ -128,24 +134,37 @@ def end_leftover_kernels(client: Client) -> list[str]:
             break
         if waiting:
             time.sleep(0.05)  # polling children we cannot select on
-    for pid, connection_file in kernels.items():
+    for pid in kernels:
         done.append(f"ended kernel {pid} that JupyterLab left running")
-        done.extend(_kill_owned_sandbox(client, connection_file))
+        if pid in owned:
+            done.extend(_kill_owned_sandbox(client, owned[pid]))
     return done
 
 
-def _kill_owned_sandbox(client: Client, connection_file: str) -> list[str]:
-    """Kill the sandbox a dead kernel owned, if it is still there (and not persistent)."""
-    path = state_file(connection_file)
+async def _owned_sandboxes(kernels: dict[int, str]) -> dict[int, str]:
+    """pid -> the sandbox each kernel (pid -> connection file) says it owns, if it does."""
+    answers = await asyncio.gather(*(_owned_sandbox(path) for path in kernels.values()))
+    return {pid: sandbox_id for pid, sandbox_id in zip(kernels, answers, strict=True) if sandbox_id}
+
+
+async def _owned_sandbox(connection_file: str) -> str | None:
+    client = AsyncKernelClient(connection_file=connection_file)
     try:
-        state = load_state(path)
+        client.load_connection_file()
     except (OSError, ValueError):
-        return []
-    path.unlink(missing_ok=True)
-    if state is None or not state.get("owned"):
-        return []
+        return None
+    client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
-        sandbox = Sandbox.get(state["sandbox_id"], client)
+        found = await kernel_info.ask(client, _ASK_TIMEOUT)
+    finally:
+        client.stop_channels()
+    return str(found["sandbox_id"]) if found and found.get("owned") else None
+
+
+def _kill_owned_sandbox(client: Client, sandbox_id: str) -> list[str]:
+    """Kill the sandbox a dead kernel owned, if it is still there (and not persistent)."""
+    try:
+        sandbox = Sandbox.get(sandbox_id, client)
         if sandbox.persistent:
             return []
         sandbox.kill()

@@ -4,10 +4,11 @@ attached to it; and what is inside a snapshot (its variable inventory) and betwe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sandfork.protocol import INVENTORY_ATTACHMENT as INVENTORY
-from sandfork.protocol import SnapshotInfo
+from sandfork.protocol import SandboxInfo, SnapshotInfo
 from sandfork.proxy_kernel.checkpoints import CELL_ID, KIND, LINEAGE, PREVIOUS
 from sandfork.sdk.inventory import Inventory, diff
 
@@ -15,50 +16,47 @@ NOTEBOOK = "notebook.ipynb"  # the attachment holding the notebook document of a
 
 
 def listing(
-    snapshots: list[dict[str, Any]],
-    sandboxes: list[dict[str, Any]],
+    snapshots: Sequence[SnapshotInfo],
+    sandboxes: Sequence[SandboxInfo],
     kernels: dict[str, str],
     sessions: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The panel's listing: every snapshot, and the sandboxes that belong in the graph (those
     snapshotted, restored, forked or running a kernel of this server, and a branch's parents).
     ``kernels`` maps sandbox ids to this server's kernels attached to them."""
-    known = {s["id"]: s for s in sandboxes}
+    known = {s.id: s for s in sandboxes}
     paths = {s["kernel"]["id"]: s["path"] for s in sessions if s.get("kernel")}
-    wanted = {s["sandbox_id"] for s in snapshots} | set(kernels)
-    wanted |= {
-        sid
-        for sid, s in known.items()
-        if s.get("from_snapshot") or s["metadata"].get("fork_parent_id")
-    }
+    wanted = {s.sandbox_id for s in snapshots} | set(kernels)
+    wanted |= {sid for sid, s in known.items() if s.from_snapshot or s.fork_parent_id}
     pending = list(wanted)
     while pending:  # a branch's parent belongs in the graph too
-        parent = known.get(pending.pop(), {}).get("metadata", {}).get("fork_parent_id")
+        found = known.get(pending.pop())
+        parent = found.fork_parent_id if found else None
         if parent and parent not in wanted:
             wanted.add(parent)
             pending.append(parent)
     nodes = []
     for sid in sorted(wanted):
-        s = known.get(sid, {"id": sid, "status": "gone", "metadata": {}})
         kernel_id = kernels.get(sid)
-        nodes.append(
-            {
-                "id": sid,
-                "status": s["status"],
-                "created_at": s.get("created_at"),
-                "from_snapshot": s.get("from_snapshot"),
-                "forked_from": s["metadata"].get("fork_parent_id"),
-                "notebook_path": paths.get(kernel_id or "") or s["metadata"].get("notebook_path"),
-                "kernel_id": kernel_id,
+        s = known.get(sid)
+        if s is None:  # gone: only its id is known
+            node = {"status": "gone", "created_at": None, "from_snapshot": None}
+            node |= {"forked_from": None, "notebook_path": paths.get(kernel_id or "")}
+        else:
+            notebook = paths.get(kernel_id or "") or s.metadata.get("notebook_path")
+            node = {
+                "status": s.status,
+                "created_at": s.created_at,
+                "from_snapshot": s.from_snapshot,
             }
-        )
+            node |= {"forked_from": s.fork_parent_id, "notebook_path": notebook}
+        nodes.append({"id": sid, **node, "kernel_id": kernel_id})
     return {"snapshots": [snapshot_entry(s) for s in snapshots], "sandboxes": nodes}
 
 
-def snapshot_entry(data: dict[str, Any]) -> dict[str, Any]:
+def snapshot_entry(snap: SnapshotInfo) -> dict[str, Any]:
     """A snapshot as the front end shows it: the API's fields it needs, the notebook, and
     what a per-cell checkpoint says of its cell."""
-    snap = SnapshotInfo.from_api(data)
     checkpoint = snap.metadata.get(KIND) == "cell"
     count = snap.metadata.get("execution_count", "")
     return {

@@ -17,7 +17,7 @@ from typing import Any
 
 from sandfork.client import EngineClient
 from sandfork.jupyter.kernels import wait_attached
-from sandfork.protocol import SandforkError
+from sandfork.protocol import SandforkError, routes
 
 SCHEMA_ID = "urn:sandfork:lineage:v1"
 KERNEL_ACTIONS = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
@@ -78,7 +78,7 @@ class LineageEvents:
             params = {"wait": str(_WAIT_S)} | ({"after": cursor} if cursor else {})
             try:
                 answer = await self.engine.request(
-                    "GET", "/changes", params=params, timeout=_WAIT_S + 10
+                    "GET", routes.CHANGES, params=params, timeout=_WAIT_S + 10
                 )
             except SandforkError as e:
                 logging.getLogger(__name__).debug("the engine's change feed: %s", e)

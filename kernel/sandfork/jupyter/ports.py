@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from http.cookies import CookieError, SimpleCookie
-from urllib.parse import quote, unquote_plus, urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import JupyterHandler
@@ -27,7 +27,7 @@ from sandfork import http_relay
 from sandfork.jupyter.errors import http_error
 from sandfork.jupyter.handlers import AUTH_RESOURCE
 from sandfork.jupyter.service import SandforkService
-from sandfork.protocol import SANDBOX_ID
+from sandfork.protocol import SANDBOX_ID, routes
 
 _JUPYTER_COOKIES = ("_xsrf", "username-")  # a name, or the start of one
 
@@ -54,7 +54,7 @@ def _without_token(query: str) -> str:
 
 
 class SandboxPortHandler(JupyterHandler):
-    """Every method, relayed to the engine's ``/v1/sandboxes/{id}/ports/{port}/{path}``."""
+    """Every method, relayed to the engine's port proxy (:func:`sandfork.protocol.routes.port`)."""
 
     auth_resource = AUTH_RESOURCE
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -76,7 +76,7 @@ class SandboxPortHandler(JupyterHandler):
         engine = urlsplit(connection.url)
         query = _without_token(self.request.query)
         rest = http_relay.target_after(self.request.path, query, sandbox_id)
-        target = f"/v1/sandboxes/{sandbox_id}/ports/{quote(port, safe='')}{rest}"
+        target = routes.API + routes.port(sandbox_id, port, rest)
         body = self.request.body or b""
         add = [("Authorization", f"Bearer {connection.api_key}")]
         prefix = f"{self.base_url}sandfork/sandboxes/{sandbox_id}/ports/{port}"

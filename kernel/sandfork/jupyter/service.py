@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import json
 import posixpath
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from jupyter_server.utils import ensure_async
 from tornado import web
@@ -27,7 +27,7 @@ from sandfork.jupyter.kernels import (
     sandfork_kernel_names,
     start_attached,
 )
-from sandfork.jupyter.lineage import INVENTORY, NOTEBOOK
+from sandfork.jupyter.lineage import NOTEBOOK
 from sandfork.jupyter.notebooks import (
     checked_notebook,
     checked_path,
@@ -44,7 +44,10 @@ from sandfork.protocol import (
     check_snapshot_name,
     is_snapshot_id,
 )
+from sandfork.sdk import Client, Sandbox, Snapshot
 from sandfork.sdk.inventory import Inventory
+
+T = TypeVar("T")
 
 
 def checked_snapshot_id(snapshot_id: str) -> str:
@@ -56,8 +59,10 @@ def checked_snapshot_id(snapshot_id: str) -> str:
 
 def checked_name(name: Any) -> str | None:
     """An optional snapshot name (the engine's rule), stripped of outer spaces."""
-    if name is None:
-        return None
+    return None if name is None else _checked_name(name)
+
+
+def _checked_name(name: Any) -> str:
     try:
         return check_snapshot_name(name).strip()
     except ValueError as e:
@@ -78,6 +83,7 @@ class SandforkService:
     ) -> None:
         self.serverapp = serverapp
         self.engine = engine
+        self.client = Client.wrapping(engine)  # the SDK's handles, awaited on the server's loop
         self.operations = operations
         self.max_branches = max_branches
         self.lease_seconds = lease_seconds  # of a new notebook's sandbox until its kernel's
@@ -96,10 +102,10 @@ class SandforkService:
     def contents(self) -> Any:
         return self.serverapp.contents_manager
 
-    async def call(self, method: str, path: str, body: Any = None) -> Any:
-        """An engine request whose failure becomes an HTTP error with the engine's message."""
+    async def call(self, work: Awaitable[T]) -> T:
+        """An engine call whose failure becomes an HTTP error with the engine's message."""
         try:
-            return await self.engine.request(method, path, json=body)
+            return await work
         except SandforkError as e:
             raise _http_error(e) from e
 
@@ -112,11 +118,11 @@ class SandforkService:
 
     async def kernel(self, kernel_id: str) -> dict[str, Any]:
         """The sandbox behind a Sandfork kernel (for the status bar)."""
-        attached = attached_sandbox(self.kernels, kernel_id)
-        sandbox = await self.call("GET", f"/sandboxes/{attached.sandbox_id}")
+        attached = await attached_sandbox(self.kernels, kernel_id)
+        sandbox = await self.call(Sandbox.async_get(attached.sandbox_id, self.client))
         keep = ["id", "template", "status", "isolation", "accelerator", "memory_mb", "cpu"]
-        keep.append("from_snapshot")
-        info = {k: sandbox.get(k) for k in keep} | {"metadata": sandbox.get("metadata", {})}
+        keep += ["from_snapshot", "metadata"]
+        info = {k: getattr(sandbox, k) for k in keep}
         checkpoints = attached.checkpoints
         return {
             "kernel_id": kernel_id,
@@ -129,23 +135,20 @@ class SandforkService:
     async def kernel_ports(self, kernel_id: str, base_url: str) -> dict[str, Any]:
         """The ports a server listens on in a Sandfork kernel's sandbox, with their URLs on
         this server (:mod:`sandfork.jupyter.ports`)."""
-        sandbox_id = attached_sandbox(self.kernels, kernel_id).sandbox_id
-        listed = await self.call("GET", f"/sandboxes/{sandbox_id}/ports")
+        sandbox_id = (await attached_sandbox(self.kernels, kernel_id)).sandbox_id
+        sandbox = await self.call(Sandbox.async_get(sandbox_id, self.client))
         ports = [
-            {
-                "port": p["port"],
-                "url": f"{base_url}sandfork/sandboxes/{sandbox_id}/ports/{p['port']}/",
-            }
-            for p in listed["ports"]
+            {"port": port, "url": f"{base_url}sandfork/sandboxes/{sandbox_id}/ports/{port}/"}
+            for port in await self.call(sandbox.async_ports())
         ]
         return {"sandbox_id": sandbox_id, "ports": ports}
 
     async def lineage(self) -> dict[str, Any]:
         """Snapshots and the sandboxes they relate to, for the side panel's graph."""
-        snapshots = (await self.call("GET", "/snapshots"))["snapshots"]
-        sandboxes = (await self.call("GET", "/sandboxes"))["items"]
+        snapshots = await self.call(Snapshot.async_list(client=self.client))
+        sandboxes = await self.call(Sandbox.async_list(self.client))
         sessions = await ensure_async(self.sessions.list_sessions())
-        return lineage.listing(snapshots, sandboxes, sandbox_kernels(self.kernels), sessions)
+        return lineage.listing(snapshots, sandboxes, await sandbox_kernels(self.kernels), sessions)
 
     async def inventory(self, snapshot_id: str) -> dict[str, Any]:
         """The variables a snapshot holds (as captured with it)."""
@@ -157,16 +160,11 @@ class SandforkService:
         return lineage.diff_entry(old, new, before, after)
 
     async def _inventory(self, snapshot_id: str) -> Inventory:
-        snap = await self.call("GET", f"/snapshots/{checked_snapshot_id(snapshot_id)}")
-        if INVENTORY not in snap.get("attachments", []):
-            return Inventory.missing()
-        try:
-            answer = await self.engine.fetch(
-                "GET", f"/snapshots/{snapshot_id}/attachments/{INVENTORY}"
-            )
-        except SandforkError as e:
-            raise _http_error(e) from e
-        return Inventory.from_api(json.loads(answer.content))
+        snap = await self._snapshot(snapshot_id)
+        return await self.call(snap.async_inventory())
+
+    async def _snapshot(self, snapshot_id: str) -> Snapshot:
+        return await self.call(Snapshot.async_get(checked_snapshot_id(snapshot_id), self.client))
 
     # -- snapshots -----------------------------------------------------------------------
 
@@ -175,21 +173,13 @@ class SandforkService:
     ) -> dict[str, Any]:
         """Snapshot the sandbox behind ``kernel_id`` with the notebook document as sent."""
         path, document, name = checked_path(path), checked_notebook(notebook), checked_name(name)
-        attached = attached_sandbox(self.kernels, kernel_id)
+        attached = await attached_sandbox(self.kernels, kernel_id)
         async with self._operation(op_id, f"Snapshot of {path}", 1) as op:
             op.advance("capturing memory, devices and disk")
+            metadata = {"notebook_path": path, "kernel_id": kernel_id, "created_by": "jupyterlab"}
+            sandbox = await self.call(Sandbox.async_get(attached.sandbox_id, self.client))
             snap = await self.call(
-                "POST",
-                f"/sandboxes/{attached.sandbox_id}/snapshots",
-                {
-                    "name": name,
-                    "metadata": {
-                        "notebook_path": path,
-                        "kernel_id": kernel_id,
-                        "created_by": "jupyterlab",
-                    },
-                    "attachments": {NOTEBOOK: json.dumps(document)},
-                },
+                sandbox.async_snapshot(name, metadata, attachments={NOTEBOOK: json.dumps(document)})
             )
         return lineage.snapshot_entry(snap)
 
@@ -198,12 +188,14 @@ class SandforkService:
         checked_snapshot_id(snapshot_id)
         if name is None:
             raise http_error(400, "field 'name' is required")
-        body = {"name": checked_name(name)}
-        return lineage.snapshot_entry(await self.call("PATCH", f"/snapshots/{snapshot_id}", body))
+        new_name = _checked_name(name)
+        snap = await self._snapshot(snapshot_id)
+        await self.call(snap.async_rename(new_name))
+        return lineage.snapshot_entry(snap)
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete a snapshot (the engine refuses while a restore from it runs)."""
-        await self.call("DELETE", f"/snapshots/{checked_snapshot_id(snapshot_id)}")
+        await self.call((await self._snapshot(snapshot_id)).async_delete())
 
     # -- new notebooks -------------------------------------------------------------------
 
@@ -213,38 +205,35 @@ class SandforkService:
         checked_snapshot_id(snapshot_id)
         async with self._operation(op_id, f"Restore of {snapshot_id}", 4) as op:
             op.advance("reading the snapshot")
-            snap = await self.call("GET", f"/snapshots/{snapshot_id}")
-            if NOTEBOOK not in snap.get("attachments", []):
+            snap = await self._snapshot(snapshot_id)
+            if NOTEBOOK not in snap.attachments:
                 raise http_error(
                     400,
                     f"snapshot {snapshot_id} has no notebook stored with it (it was not taken "
                     f"from JupyterLab); restore it in a notebook with %restore {snapshot_id}",
                 )
             try:
-                attachment = await self.engine.fetch(
-                    "GET", f"/snapshots/{snapshot_id}/attachments/{NOTEBOOK}"
-                )
+                stored = await snap.async_attachment(NOTEBOOK)
             except SandforkError as e:
                 raise http_error(502, str(e)) from e
             # Both are the snapshot's, which anyone with the engine's key may have written.
-            document = stored_notebook(attachment.content, self.max_json_depth)
-            original = stored_path(snap["metadata"].get("notebook_path"))
+            document = stored_notebook(stored, self.max_json_depth)
+            original = stored_path(snap.metadata.get("notebook_path"))
             folder = posixpath.dirname(original)
             if folder and not await ensure_async(self.contents.dir_exists(folder)):
                 original = posixpath.basename(original)  # its folder is gone: use the root
             op.advance("restoring the sandbox (memory, devices, disk)")
             sandbox = await self.call(
-                "POST",
-                "/sandboxes",
-                {
-                    "from_snapshot": snapshot_id,
-                    "metadata": {"created_by": "jupyterlab", "restored_for": original},
-                    "lease_seconds": self.lease_seconds,
-                },
+                Sandbox.async_create(
+                    from_snapshot=snap,
+                    metadata={"created_by": "jupyterlab", "restored_for": original},
+                    lease_seconds=self.lease_seconds,
+                    client=self.client,
+                )
             )
             async with contextlib.AsyncExitStack() as undo:
-                undo.push_async_callback(self._kill_sandbox, sandbox["id"])
-                branch = await self._open(undo, op, original, "restored", document, sandbox["id"])
+                undo.push_async_callback(_kill_quietly, sandbox)
+                branch = await self._open(undo, op, original, "restored", document, sandbox.id)
                 undo.pop_all()
         return branch
 
@@ -259,23 +248,19 @@ class SandforkService:
             raise http_error(400, "field 'count' must be an integer")
         if not 1 <= count <= self.max_branches:
             raise http_error(400, f"count must be from 1 to {self.max_branches}")
-        attached = attached_sandbox(self.kernels, kernel_id)
+        attached = await attached_sandbox(self.kernels, kernel_id)
         async with self._operation(op_id, f"Fork of {path}", 1 + 2 * count) as op:
             op.advance(f"forking the sandbox into {count}")
-            result = await self.call(
-                "POST",
-                f"/sandboxes/{attached.sandbox_id}/fork-tree",
-                {"count": count, "metadata": {"created_by": "jupyterlab", "branch_of": path}},
-            )
-            children = [child["id"] for child in result["children"]]
+            parent = await self.call(Sandbox.async_get(attached.sandbox_id, self.client))
+            metadata = {"created_by": "jupyterlab", "branch_of": path}
+            children = await self.call(parent.async_fork_tree(count, metadata=metadata))
             async with contextlib.AsyncExitStack() as undo:
-                for child in result["children"]:
-                    undo.push_async_callback(self._kill_sandbox, child["id"])
-                    if not child.get("persistent"):  # a persistent one is kept, not leased
-                        lease = {"lease_seconds": self.lease_seconds}
-                        await self.call("POST", f"/sandboxes/{child['id']}/lease", lease)
+                for child in children:
+                    undo.push_async_callback(_kill_quietly, child)
+                    if not child.persistent:  # a persistent one is kept, not leased
+                        await self.call(child.async_renew_lease(self.lease_seconds))
                 branches = [
-                    await self._open(undo, op, path, "branch", document, child, attached.context)
+                    await self._open(undo, op, path, "branch", document, child.id, attached.context)
                     for child in children
                 ]
                 undo.pop_all()
@@ -314,10 +299,6 @@ class SandforkService:
         with contextlib.suppress(Exception):
             await self.sessions.delete_session(session_id)
 
-    async def _kill_sandbox(self, sandbox_id: str) -> None:
-        with contextlib.suppress(SandforkError):
-            await self.engine.request("DELETE", f"/sandboxes/{sandbox_id}")
-
     @contextlib.asynccontextmanager
     async def _operation(
         self, op_id: str | None, title: str, total: int
@@ -332,6 +313,11 @@ class SandforkService:
             self.operations.finish(op, str(e) or type(e).__name__)
             raise
         self.operations.finish(op)
+
+
+async def _kill_quietly(sandbox: Sandbox) -> None:
+    with contextlib.suppress(SandforkError):
+        await sandbox.async_kill()
 
 
 def _http_error(error: SandforkError) -> web.HTTPError:

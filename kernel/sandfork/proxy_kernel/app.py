@@ -13,8 +13,8 @@ from typing import Any
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Float, Int, Unicode, default
 
-from sandfork.client import EngineConnection
-from sandfork.protocol import DEFAULT_CONTEXT
+from sandfork.client import EngineClient, EngineConnection
+from sandfork.protocol import CHECKPOINTS_KEPT, DEFAULT_CONTEXT
 from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.proxy_kernel.lease import DEFAULT_SECONDS, LEASE_ENV
 from sandfork.proxy_kernel.proxy import KernelProxy
@@ -74,7 +74,7 @@ class SandforkKernelApp(JupyterApp):
         "turns it on or off with %checkpoints on|off.",
     ).tag(config=True)
     checkpoints_kept = Int(
-        20, help="Per-cell checkpoints kept per kernel; older ones are deleted."
+        CHECKPOINTS_KEPT, help="Per-cell checkpoints kept per kernel; older ones are deleted."
     ).tag(config=True)
     remap_pause_ms = Int(
         50,
@@ -105,18 +105,16 @@ class SandforkKernelApp(JupyterApp):
     def _own_sandbox_default(self) -> bool:
         return os.environ.get("SANDFORK_OWN_SANDBOX", "") == "1"
 
-    def attachment(self, state: Path) -> Attachment:
+    async def attachment(self, client: Client, state: Path) -> Attachment:
         """The configured sandbox, the one a restarted kernel had, or a new one."""
-        engine = EngineConnection.of(self, self.log)
-        client = Client(engine.engine_url or None, engine.api_key or None, self.request_timeout)
         saved = load_state(state)
         if saved is not None:  # a restart: the sandbox this kernel last ran in (%restore moves it)
-            sandbox = Sandbox.get(saved["sandbox_id"], client)
+            sandbox = await Sandbox.async_get(saved["sandbox_id"], client)
             return Attachment(sandbox, saved["context"], owned=bool(saved["owned"]))
         if self.sandbox_id:
-            sandbox = Sandbox.get(self.sandbox_id, client)
+            sandbox = await Sandbox.async_get(self.sandbox_id, client)
             return Attachment(sandbox, self.context, owned=self.own_sandbox)
-        sandbox = Sandbox.create(
+        sandbox = await Sandbox.async_create(
             self.template,
             memory_mb=self.memory_mb or None,
             cpu=self.cpu or None,
@@ -137,15 +135,22 @@ class SandforkKernelApp(JupyterApp):
         checkpoints = CellCheckpoints.from_state(
             saved, self.checkpoint_cells, self.checkpoints_kept, self.remap_pause_ms
         )
-        asyncio.run(self._serve(connection, self.attachment(state), state, checkpoints))
+        config = EngineConnection.of(self, self.log)
+        engine = EngineClient(
+            config.engine_url or None, config.api_key or None, self.request_timeout
+        )
+        # Found now, before the loop runs: finding it there would take a thread.
+        engine.resolve_now()
+        asyncio.run(self._serve(connection, Client.wrapping(engine), state, checkpoints))
 
     async def _serve(
         self,
         connection: dict[str, Any],
-        attachment: Attachment,
+        client: Client,
         state: Path,
         checkpoints: CellCheckpoints,
     ) -> None:
+        attachment = await self.attachment(client, state)
         proxy = KernelProxy(
             connection, attachment, state, self.lease_seconds, checkpoints, self.hibernate_after
         )

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandfork.protocol import CHECKPOINTS_KEPT
 from sandfork.sdk import Sandbox, Snapshot
 
 KIND = "checkpoint"  # metadata: what made the snapshot
@@ -44,7 +45,7 @@ class CellCheckpoints:
     """The checkpoint settings and bookkeeping of one proxy kernel."""
 
     enabled: bool = False
-    kept: int = 20
+    kept: int = CHECKPOINTS_KEPT
     lineage: str = field(default_factory=lambda: uuid.uuid4().hex)
     head: str | None = None  # the checkpoint the kernel's state is now, if it is one
     remap_above_ms: int = 50  # a checkpoint pausing longer moves the kernel onto it; 0: never
@@ -100,45 +101,41 @@ class CellCheckpoints:
             "source_sha256": source,
         }
 
-    def take(self, sandbox: Sandbox, metadata: dict[str, str]) -> Snapshot:
+    async def take(self, sandbox: Sandbox, metadata: dict[str, str]) -> Snapshot:
         """Capture ``sandbox`` as a checkpoint after the head, then drop the kernel's oldest
         unnamed ones past ``kept``; returns the checkpoint."""
-        snapshot_id = sandbox.snapshot(metadata={**metadata, PREVIOUS: self.head or ""})
-        self.head = snapshot_id
-        listed = self.listed(sandbox)
-        for old in [s for s in listed if not s.name][self.kept :]:
-            old.delete()
-        return next(s for s in listed if s.id == snapshot_id)
+        taken = await sandbox.async_snapshot(metadata={**metadata, PREVIOUS: self.head or ""})
+        self.head = taken.id
+        for old in [s for s in await self.listed(sandbox) if not s.name][self.kept :]:
+            await old.async_delete()
+        return taken
 
-    def turn_on(self, sandbox: Sandbox, kept: int | None = None) -> None:
+    async def turn_on(self, sandbox: Sandbox, kept: int | None = None) -> None:
         """Checkpoints on (keeping ``kept``), starting with one of the state as it is now."""
         self.kept = kept or self.kept
         if not (self.enabled and self.head):
             self.enabled = True
-            self._take_first(sandbox)
+            await self._take_first(sandbox)
 
-    def moved(self, sandbox: Sandbox, snapshot_id: str) -> None:
+    async def moved(self, sandbox: Sandbox, snapshot_id: str) -> None:
         """The kernel now runs in ``sandbox``, restored from ``snapshot_id``."""
         self.head = snapshot_id
-        if self.enabled and snapshot_id not in {s.id for s in self.listed(sandbox)}:
+        if self.enabled and snapshot_id not in {s.id for s in await self.listed(sandbox)}:
             self.head = None  # not one of ours: its history starts here
-            self._take_first(sandbox)
+            await self._take_first(sandbox)
 
-    def _take_first(self, sandbox: Sandbox) -> None:
+    async def _take_first(self, sandbox: Sandbox) -> None:
         """The checkpoint a history starts with: the state before any cell of it."""
-        self.take(sandbox, self._metadata("", "", ""))
+        await self.take(sandbox, self._metadata("", "", ""))
 
-    def listed(self, sandbox: Sandbox) -> list[Snapshot]:
+    async def listed(self, sandbox: Sandbox) -> list[Snapshot]:
         """This kernel's checkpoints, newest first."""
-        return [
-            s
-            for s in Snapshot.list(client=sandbox.client)
-            if s.metadata.get(KIND) == "cell" and s.metadata.get(LINEAGE) == self.lineage
-        ]
+        ours = {KIND: "cell", LINEAGE: self.lineage}
+        return await Snapshot.async_list(metadata=ours, client=sandbox.client)
 
-    def history(self, sandbox: Sandbox) -> list[Snapshot]:
+    async def history(self, sandbox: Sandbox) -> list[Snapshot]:
         """The checkpoints the kernel's state descends from: the head first, then back."""
-        by_id = {s.id: s for s in self.listed(sandbox)}
+        by_id = {s.id: s for s in await self.listed(sandbox)}
         chain: list[Snapshot] = []
         current = self.head
         while current in by_id and len(chain) < len(by_id):
@@ -146,10 +143,10 @@ class CellCheckpoints:
             current = by_id[current].metadata.get(PREVIOUS)
         return chain
 
-    def before_last(self, sandbox: Sandbox, cells: int) -> Snapshot:
+    async def before_last(self, sandbox: Sandbox, cells: int) -> Snapshot:
         """The checkpoint the state was in before the last ``cells`` cells ran
         (``LookupError`` if that is further back than the checkpoints kept)."""
-        chain = self.history(sandbox)
+        chain = await self.history(sandbox)
         if cells >= len(chain):
             raise LookupError(
                 f"this kernel's history has {len(chain)} checkpoint(s): rewinding {cells} "
@@ -158,10 +155,10 @@ class CellCheckpoints:
             )
         return chain[cells]
 
-    def before_cell(self, sandbox: Sandbox, cell_id: str) -> Snapshot:
+    async def before_cell(self, sandbox: Sandbox, cell_id: str) -> Snapshot:
         """The checkpoint the state was in before cell ``cell_id`` last ran, in the kernel's
         history (``LookupError`` if there is none)."""
-        chain = self.history(sandbox)
+        chain = await self.history(sandbox)
         for i, snapshot in enumerate(chain[:-1]):
             if snapshot.metadata.get(CELL_ID) == cell_id:
                 return chain[i + 1]

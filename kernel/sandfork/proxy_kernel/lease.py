@@ -8,7 +8,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from sandfork.sdk import Sandbox, SandforkError
+from sandfork.sdk import Sandbox, SandboxTimeout, SandforkError
 
 log = logging.getLogger(__name__)
 
@@ -16,18 +16,16 @@ DEFAULT_SECONDS = 60.0  # grace period of a sandbox whose kernel vanished
 LEASE_ENV = "SANDFORK_LEASE_SECONDS"
 
 
-def renew(sandbox: Sandbox, seconds: float) -> None:
+async def renew(sandbox: Sandbox, seconds: float) -> None:
     """Renew (or start) the lease of ``sandbox`` for ``seconds``; raises ``SandforkError``.
 
-    The request gives up after a third of the period: a renewal that hangs must not hold up
-    the next one.
+    The request gives up after a third of the period (``SandboxTimeout``): a renewal that
+    hangs must not hold up the next one.
     """
-    sandbox.client.request(
-        "POST",
-        f"/sandboxes/{sandbox.id}/lease",
-        json={"lease_seconds": seconds},
-        timeout=seconds / 3,
-    )
+    try:
+        await asyncio.wait_for(sandbox.async_renew_lease(seconds), seconds / 3)
+    except TimeoutError as e:
+        raise SandboxTimeout(f"no answer to the lease renewal in {seconds / 3:g} s") from e
 
 
 async def keep_leased(current: Callable[[], Sandbox | None], seconds: float) -> None:
@@ -40,7 +38,7 @@ async def keep_leased(current: Callable[[], Sandbox | None], seconds: float) -> 
         sandbox = current()
         if sandbox is not None:
             try:
-                await asyncio.to_thread(renew, sandbox, seconds)
+                await renew(sandbox, seconds)
                 failing = None
             except SandforkError as e:
                 if failing != sandbox.id:  # once per outage, not every few seconds

@@ -14,7 +14,7 @@ from typing import Any
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
 from sandfork.client import EngineClient
-from sandfork.protocol import SandforkError
+from sandfork.protocol import SandforkError, routes
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,6 @@ class SandboxLink:
         self._ws: WebSocketClientConnection | None = None
         self.closed = asyncio.Event()
 
-    @property
-    def _path(self) -> str:
-        return f"/sandboxes/{self.sandbox_id}/repl/sessions/{self.context}"
-
     async def open(self) -> None:
         """Connect the channels; raises the engine's error (``status`` 404: no such sandbox
         or context, 409: its VM is gone) or ``EngineUnreachable``."""
@@ -109,7 +105,9 @@ class SandboxLink:
         self.closed.clear()  # before connecting: a close may arrive before this resumes
         try:
             self._ws = await self.client.websocket(
-                self._path + "/channels", self._on_message, _MAX_MESSAGE
+                routes.context(self.sandbox_id, self.context, "channels"),
+                self._on_message,
+                _MAX_MESSAGE,
             )
         except BaseException:
             self.closed.set()
@@ -157,11 +155,13 @@ class SandboxLink:
 
     async def interrupt(self) -> None:
         """Interrupt the code running in the context."""
-        await self.client.request("POST", self._path + "/interrupt")
+        await self.client.request(
+            "POST", routes.context(self.sandbox_id, self.context, "interrupt")
+        )
 
     async def restart(self) -> None:
         """Restart the context's kernel (same sandbox, fresh interpreter)."""
-        await self.client.request("POST", self._path + "/restart")
+        await self.client.request("POST", routes.context(self.sandbox_id, self.context, "restart"))
 
     def close(self) -> None:
         """Close the channels; the sandbox is left as it is."""

@@ -65,40 +65,42 @@ class KernelControls:
     idle: IdleTimer = field(default_factory=lambda: IdleTimer(0))
 
 
-def run(magic: Magic, sandbox: Sandbox, controls: KernelControls | None = None) -> Outcome:
+async def run(magic: Magic, sandbox: Sandbox, controls: KernelControls | None = None) -> Outcome:
     """Run ``magic`` against ``sandbox``; raises :class:`MagicError` on misuse."""
     controls = controls or KernelControls()
     name, argument = magic.name, magic.argument
     if name in ("checkpoints", "rewind"):
-        return _checkpoint_magic(magic, sandbox, controls)
+        return await _checkpoint_magic(magic, sandbox, controls)
     if name == "hibernate":
         return _hibernate_magic(magic, controls.idle)
     try:
         if name == "snapshot":
-            return Outcome(sandbox.snapshot(argument or None))
+            return Outcome((await sandbox.async_snapshot(argument or None)).id)
         if name == "fork":
-            children = sandbox.fork_tree(_count(argument))
+            children = await sandbox.async_fork_tree(_count(argument))
             return Outcome("\n".join(child.id for child in children))
         if name == "restore":
-            snapshot_id = _snapshot_id(argument, sandbox)
-            restored = restore_for_kernel(snapshot_id, sandbox, controls)
+            snapshot_id = await _snapshot_id(argument, sandbox)
+            restored = await restore_for_kernel(snapshot_id, sandbox, controls)
             return Outcome(f"restored {snapshot_id} into {restored.id}", restored)
-        return Outcome(describe(sandbox))
+        return Outcome(describe(await sandbox.async_refresh()))
     except SandforkError as e:
         raise MagicError(f"%{name} failed: {e}") from e
 
 
-def restore_for_kernel(snapshot_id: str, sandbox: Sandbox, controls: KernelControls) -> Sandbox:
+async def restore_for_kernel(
+    snapshot_id: str, sandbox: Sandbox, controls: KernelControls
+) -> Sandbox:
     """A new sandbox, the kernel's own (leased), restored from ``snapshot_id``; the
     checkpoints go on from there."""
-    restored = Sandbox.create(
+    restored = await Sandbox.async_create(
         from_snapshot=snapshot_id, lease_seconds=controls.lease_seconds, client=sandbox.client
     )
-    controls.checkpoints.moved(restored, snapshot_id)
+    await controls.checkpoints.moved(restored, snapshot_id)
     return restored
 
 
-def _checkpoint_magic(magic: Magic, sandbox: Sandbox, controls: KernelControls) -> Outcome:
+async def _checkpoint_magic(magic: Magic, sandbox: Sandbox, controls: KernelControls) -> Outcome:
     """``%checkpoints [on [KEEP]|off]``, ``%rewind [N]`` and ``%rewind --cell ID``."""
     checkpoints = controls.checkpoints
     words = magic.argument.split()
@@ -108,7 +110,8 @@ def _checkpoint_magic(magic: Magic, sandbox: Sandbox, controls: KernelControls) 
                 checkpoints.enabled = False
             elif words[:1] == ["on"] and len(words) <= 2:
                 usage = "%checkpoints on [KEEP]"
-                checkpoints.turn_on(sandbox, _count(words[1], usage, 10**4) if words[1:] else None)
+                kept = _count(words[1], usage, 10**4) if words[1:] else None
+                await checkpoints.turn_on(sandbox, kept)
             elif words:
                 raise MagicError("usage: %checkpoints [on [KEEP]|off]")
             state = "on" if checkpoints.enabled else "off"
@@ -116,15 +119,15 @@ def _checkpoint_magic(magic: Magic, sandbox: Sandbox, controls: KernelControls) 
                 f"checkpoints after every cell: {state} (the last {checkpoints.kept} kept)"
             )
         if words[:1] == ["--cell"] and len(words) == 2:
-            target = checkpoints.before_cell(sandbox, words[1])
+            target = await checkpoints.before_cell(sandbox, words[1])
             what = f"to before cell {words[1]}"
         elif words[:1] != ["--cell"]:
             cells = _count(magic.argument, "%rewind [N] | %rewind --cell ID", 10**6)
-            target = checkpoints.before_last(sandbox, cells)
+            target = await checkpoints.before_last(sandbox, cells)
             what = f"{cells} cell(s)"
         else:
             raise MagicError("usage: %rewind [N] | %rewind --cell ID")
-        restored = restore_for_kernel(target.id, sandbox, controls)
+        restored = await restore_for_kernel(target.id, sandbox, controls)
     except LookupError as e:
         raise MagicError(f"%{magic.name}: {e}") from e
     except SandforkError as e:
@@ -155,13 +158,13 @@ def _hibernate_magic(magic: Magic, idle: IdleTimer) -> Outcome:
     return Outcome(idle.describe())
 
 
-def _snapshot_id(argument: str, sandbox: Sandbox) -> str:
+async def _snapshot_id(argument: str, sandbox: Sandbox) -> str:
     """``%restore``'s argument: a snapshot id, or the name of the newest snapshot so named."""
     if is_snapshot_id(argument):
         return argument
     if not argument:
         raise MagicError("usage: %restore SNAPSHOT_ID|NAME")
-    for snapshot in Snapshot.list(client=sandbox.client):  # newest first
+    for snapshot in await Snapshot.async_list(client=sandbox.client):  # newest first
         if snapshot.name == argument:
             return snapshot.id
     raise MagicError(f"usage: %restore SNAPSHOT_ID|NAME (no snapshot is named {argument!r})")
@@ -169,15 +172,14 @@ def _snapshot_id(argument: str, sandbox: Sandbox) -> str:
 
 def describe(sandbox: Sandbox) -> str:
     """``%sandbox``: id, template, isolation, accelerator, memory, CPUs and lineage."""
-    data = sandbox.client.request("GET", f"/sandboxes/{sandbox.id}")
     lines = [
-        f"id: {data['id']}",
-        f"template: {data['template']}",
-        f"isolation: {data.get('isolation') or 'vm'}",
-        f"accelerator: {data.get('accelerator') or 'unknown'}",
-        f"memory: {data['memory_mb']} MiB",
-        f"cpus: {data['cpu']}",
-        f"from snapshot: {data.get('from_snapshot') or '-'}",
+        f"id: {sandbox.id}",
+        f"template: {sandbox.template}",
+        f"isolation: {sandbox.isolation or 'vm'}",
+        f"accelerator: {sandbox.accelerator or 'unknown'}",
+        f"memory: {sandbox.memory_mb} MiB",
+        f"cpus: {sandbox.cpu}",
+        f"from snapshot: {sandbox.from_snapshot or '-'}",
     ]
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import zmq
 
-from sandfork.proxy_kernel import magics
+from sandfork.proxy_kernel import kernel_info, magics
 from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.proxy_kernel.hibernation import IdleTimer, watch
 from sandfork.proxy_kernel.lease import keep_leased, renew
@@ -65,6 +65,7 @@ class KernelProxy:
         self._routes: dict[str, list[bytes]] = {}  # request msg_id -> client identities
         self._held: dict[str, asyncio.Task[None]] = {}  # channel -> the request it waits for
         self._link = self._new_link()
+        self.info = kernel_info.KernelInfo()
         self._stop = asyncio.Event()
         self._closing = False  # a shutdown request is being served (or SIGTERM)
         self._restarting = False  # ... one with restart: the next process takes the sandbox
@@ -85,12 +86,12 @@ class KernelProxy:
         sandbox = self._leased_sandbox()
         if sandbox is not None:  # the kernel's own lease, in force before it says it attached
             try:
-                await asyncio.to_thread(renew, sandbox, self.lease_seconds)
+                await renew(sandbox, self.lease_seconds)
             except SandforkError as e:
                 log.warning("could not take the lease of sandbox %s: %s", sandbox.id, e)
         if self.checkpoints.enabled:  # configured, or a restarted kernel's: start the history
             try:
-                await asyncio.to_thread(self.checkpoints.turn_on, self.attachment.sandbox)
+                await self.checkpoints.turn_on(self.attachment.sandbox)
             except SandforkError as e:
                 attached = self.attachment.sandbox.id
                 log.warning("the first checkpoint of sandbox %s failed: %s", attached, e)
@@ -98,6 +99,7 @@ class KernelProxy:
         loop = asyncio.get_running_loop()
         for channel in ("shell", "control", "stdin", "hb"):
             loop.add_reader(self._sockets[channel].FD, self._drain, channel)
+            loop.call_soon(self._drain, channel)  # what came before: no edge wakes us for it
         linked = keep_linked(lambda: self._link, lambda: self._closing, self._sandbox_gone)
         keep_linked_task = asyncio.create_task(linked)
         leased = asyncio.create_task(keep_leased(self._leased_sandbox, self.lease_seconds))
@@ -130,7 +132,7 @@ class KernelProxy:
     async def _end(self) -> None:
         if self._closing and not self._restarting:
             return  # a shutdown request is killing the sandbox and then stops the relay
-        if self._restarting or self._restart_requested():
+        if self._restarting or self.zmq.restart_requested():
             self.stop()
             return
         self._closing = True
@@ -138,26 +140,12 @@ class KernelProxy:
         sandbox = self.attachment.sandbox
         if self.attachment.leased:
             try:
-                await asyncio.to_thread(sandbox.kill)
+                await sandbox.async_kill()
             except SandforkError as e:
                 log.warning("could not kill sandbox %s: %s", sandbox.id, e)
         if self.attachment.owned:
             self.state.unlink(missing_ok=True)
         self.stop()
-
-    def _restart_requested(self) -> bool:
-        """True if a restart's shutdown request waits unread on the control channel (read
-        while the channel waits for an interrupt, say); the messages are ours to drop."""
-        sock = self._sockets["control"]
-        while cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            try:
-                request = self.zmq.session.receive("control", frames)
-                if request.header["msg_type"] == "shutdown_request":
-                    return bool(request.content().get("restart"))
-            except (ValueError, TypeError, KeyError):
-                continue
-        return False
 
     def _leased_sandbox(self) -> Sandbox | None:
         """The sandbox whose lease the kernel keeps, if it keeps one now."""
@@ -175,12 +163,14 @@ class KernelProxy:
                 if self._link.connected or self.idle.asleep:
                     sock.send_multipart(frames)
                 continue
-            self.idle.touch()
             try:
                 request = self.zmq.session.receive(channel, frames)
             except (ValueError, TypeError, KeyError) as e:
                 log.warning("dropping a malformed or unsigned %s message: %s", channel, e)
                 continue
+            if self.info.answer(request, self.zmq, self.describe):  # no use of it: still idle
+                continue
+            self.idle.touch()
             work = self._handle(request)
             if work is not None:
                 self._hold(channel, work)
@@ -252,7 +242,7 @@ class KernelProxy:
                 self.state.unlink(missing_ok=True)
                 if self.attachment.owned and not sandbox.persistent:
                     self._link.close()
-                    await asyncio.to_thread(sandbox.kill)
+                    await sandbox.async_kill()
         except SandforkError as e:
             log.warning("shutdown of sandbox %s: %s", sandbox.id, e)
         self.zmq.reply(request, "shutdown_reply", {"status": "ok", "restart": restart})
@@ -266,7 +256,7 @@ class KernelProxy:
         outcome: magics.Outcome | magics.MagicError
         try:
             sandbox = self.attachment.sandbox
-            outcome = await asyncio.to_thread(magics.run, magic, sandbox, self.controls)
+            outcome = await magics.run(magic, sandbox, self.controls)
         except magics.MagicError as e:
             outcome = e
         if isinstance(outcome, magics.Outcome) and outcome.sandbox is not None:
@@ -291,7 +281,7 @@ class KernelProxy:
         self._save()
         if old.owned and not old.sandbox.persistent:
             with contextlib.suppress(SandforkError):
-                await asyncio.to_thread(old.sandbox.kill)
+                await old.sandbox.async_kill()
 
     # -- from the guest --------------------------------------------------------------------
 
@@ -308,6 +298,8 @@ class KernelProxy:
             return
         if message.channel in ("shell", "control") and msg_type.endswith("_reply"):
             del self._routes[parent]
+            if msg_type == kernel_info.REPLY:
+                self.info.relayed(message, self.describe())
         self.zmq.relay(message.channel, idents, message)
         if msg_type == "execute_reply":
             metadata = self.checkpoints.finished(parent, message.parts[3])
@@ -325,14 +317,22 @@ class KernelProxy:
         costs the same in a restored copy: moving would not help)."""
         sandbox = self.attachment.sandbox
         try:
-            taken = await asyncio.to_thread(self.checkpoints.take, sandbox, metadata)
+            taken = await self.checkpoints.take(sandbox, metadata)
             movable = self.attachment.leased and sandbox.isolation != "container"
             if movable and self.checkpoints.remaps(taken):
-                restore = magics.restore_for_kernel
-                moved = await asyncio.to_thread(restore, taken.id, sandbox, self.controls)
-                await self._repoint(moved)
+                await self._repoint(
+                    await magics.restore_for_kernel(taken.id, sandbox, self.controls)
+                )
         except SandforkError as e:
             log.warning("the checkpoint of sandbox %s failed: %s", sandbox.id, e)
+
+    def describe(self) -> dict[str, Any]:
+        """The sandbox the kernel uses now, as its ``kernel_info_reply`` says it."""
+        attached = self.attachment
+        checkpoints = self.checkpoints.state()
+        return kernel_info.describe(
+            attached.sandbox.id, attached.context, attached.owned, checkpoints
+        )
 
     def _save(self) -> None:
         save_state(self.state, self.attachment, self.checkpoints.state())
@@ -355,7 +355,7 @@ class KernelProxy:
         previous, self._link = self._link, self._new_link()  # opened again on waking
         previous.close()
         try:
-            await asyncio.to_thread(sandbox.hibernate)
+            await sandbox.async_hibernate()
             log.info("sandbox %s hibernated after %g s idle", sandbox.id, self.idle.after)
         except SandforkError as e:
             log.warning("could not hibernate sandbox %s: %s", sandbox.id, e)
@@ -364,7 +364,7 @@ class KernelProxy:
                     await self._wake()
 
     async def _wake(self) -> None:
-        await asyncio.to_thread(self.attachment.sandbox.wake)
+        await self.attachment.sandbox.async_wake()
         await self._link.open()
         self.idle.asleep = False
         self.idle.touch()

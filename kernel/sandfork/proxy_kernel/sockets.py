@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from jupyter_client.session import DELIM
@@ -47,6 +47,20 @@ class KernelSockets:
         for sock in self.sockets.values():
             sock.close()
         self._zmq.term()
+
+    def restart_requested(self) -> bool:
+        """True if a restart's shutdown request waits unread on the control channel (read
+        while the channel waits for an interrupt, say); the messages are ours to drop."""
+        sock = self.sockets["control"]
+        while cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            try:
+                request = self.session.receive("control", frames)
+                if request.header["msg_type"] == "shutdown_request":
+                    return bool(request.content().get("restart"))
+            except (ValueError, TypeError, KeyError):
+                continue
+        return False
 
     def relay(self, channel: str, idents: list[bytes], message: GuestMessage) -> None:
         """Send the guest's message on, its JSON as it came, signed with the client's key."""

@@ -1,9 +1,10 @@
-"""The sandbox a kernel process is attached to, kept next to its connection file.
+"""The sandbox a kernel process is attached to, handed on to the process a restart starts.
 
-The kernel writes it once attached (and again when ``%restore`` moves it or a checkpoint is
-taken); the next process a restart starts on the same connection file reads it to attach to
-the same sandbox and go on with the same checkpoints, and the Jupyter server extension reads
-it to find the sandbox (and the checkpoint lineage) behind a kernel.
+The kernel writes it next to its connection file once attached (and again when ``%restore``
+moves it or a checkpoint is taken); the next process a restart starts on the same connection
+file, on the same host, reads it to attach to the same sandbox and go on with the same
+checkpoints. Nothing else reads it: other processes ask the kernel itself
+(:mod:`sandfork.proxy_kernel.kernel_info`).
 """
 
 from __future__ import annotations

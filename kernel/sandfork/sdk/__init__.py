@@ -1,4 +1,7 @@
-"""The Python SDK: ``Sandbox.create``, ``exec``, ``create_code_context().run_code`` and files."""
+"""The Python SDK: ``Sandbox.create``, ``exec``, ``create_code_context().run_code`` and files.
+
+Every call has a blocking form (``sandbox.exec(...)``) and an awaitable one
+(``await sandbox.async_exec(...)``) for code that runs in an event loop."""
 
 from sandfork.sdk.client import Client
 from sandfork.sdk.errors import (
@@ -13,10 +16,11 @@ from sandfork.sdk.errors import (
     SandforkError,
     ServerError,
 )
-from sandfork.sdk.explore import Code, Command, ExploreResult, explore, promote
+from sandfork.sdk.explore import Code, Command, ExploreResult, async_explore, explore
+from sandfork.sdk.filesystem import Filesystem
 from sandfork.sdk.inventory import Inventory, InventoryDiff, Variable, VariableChange, diff
 from sandfork.sdk.models import ExecResult, Execution, ExecutionError, Result
-from sandfork.sdk.sandbox import CodeContext, Filesystem, Sandbox
+from sandfork.sdk.sandbox import CodeContext, Sandbox
 from sandfork.sdk.snapshots import Snapshot
 
 __all__ = [
@@ -46,7 +50,7 @@ __all__ = [
     "Snapshot",
     "Variable",
     "VariableChange",
+    "async_explore",
     "diff",
     "explore",
-    "promote",
 ]

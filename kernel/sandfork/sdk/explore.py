@@ -1,36 +1,59 @@
-"""``explore`` (best-of-N over copy-on-write forks) and ``promote`` (a fork child takes over).
+"""``explore``: best-of-N over copy-on-write forks.
 
 Each candidate, a shell command or code for the default code context, runs in its own fork
 of a sandbox, all at once; a score function rates each outcome; the best-scored fork is kept
-and every other fork is killed. The TypeScript SDK's ``explore`` behaves the same way (see
-docs/sdk-wire-contract.md).
+and every other fork is killed (``promote`` on the winner makes it replace the sandbox).
+The TypeScript SDK's ``explore`` behaves the same way (see docs/sdk-wire-contract.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
+from sandfork.client import blocking
 from sandfork.sdk.errors import NotFoundError, SandforkError
 from sandfork.sdk.models import ExecResult, Execution
-
-if TYPE_CHECKING:
-    from sandfork.sdk.sandbox import Sandbox
 
 __all__ = [
     "CandidateReport",
     "Code",
     "Command",
     "ExploreResult",
+    "Forkable",
     "Winner",
+    "async_explore",
     "explore",
-    "explore_forks",
-    "promote",
-    "promote_fork",
 ]
+
+
+class _Context(Protocol):
+    async def async_run_code(
+        self, code: str, timeout_seconds: float | None = None
+    ) -> Execution: ...
+
+
+class Forkable(Protocol):
+    """What ``explore`` needs of a sandbox (:class:`sandfork.sdk.Sandbox` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    async def async_fork_tree(
+        self, count: int, *, reseed_python: bool = False, metadata: dict[str, str] | None = None
+    ) -> Sequence[Any]: ...
+
+    async def async_exec(self, cmd: str, timeout_seconds: float | None = None) -> ExecResult: ...
+
+    async def async_create_code_context(self, isolated: bool = False) -> Any: ...
+
+    async def async_kill(self) -> None: ...
+
+
+S = TypeVar("S", bound=Forkable)
 
 
 @dataclass(frozen=True)
@@ -51,8 +74,9 @@ class Code:
 
 Candidate = str | Command | Code
 Outcome = ExecResult | Execution
-ScoreFn = Callable[[Any, Any, "Sandbox"], float | None]
-"""``score_fn(outcome, candidate, fork)``: higher wins; ``None``, NaN or raising disqualify."""
+ScoreFn = Callable[[Any, Any, Any], float | None]
+"""``score_fn(outcome, candidate, fork)``: higher wins; ``None``, NaN or raising disqualify.
+It runs in a worker thread, so it may call the fork's blocking methods."""
 
 
 @dataclass
@@ -69,38 +93,41 @@ class CandidateReport:
 
 
 @dataclass(frozen=True)
-class Winner:
+class Winner(Generic[S]):
     """The best-scored candidate; its fork, ``sandbox``, is alive."""
 
     index: int
     candidate: Candidate
-    sandbox: Sandbox
+    sandbox: S
     outcome: Outcome
     score: float
 
 
 @dataclass(frozen=True)
-class ExploreResult:
+class ExploreResult(Generic[S]):
     """The winner, every candidate's report, and why the winner won."""
 
-    winner: Winner
+    winner: Winner[S]
     candidates: list[CandidateReport]
     reason: str
 
 
-def _run(fork: Sandbox, candidate: Candidate) -> Outcome:
+async def _run(fork: Forkable, candidate: Candidate) -> Outcome:
     if isinstance(candidate, str):
-        return fork.exec(candidate)
+        return await fork.async_exec(candidate)
     if isinstance(candidate, Command):
-        return fork.exec(candidate.cmd, candidate.timeout_seconds)
-    return fork.create_code_context().run_code(candidate.code, candidate.timeout_seconds)
+        return await fork.async_exec(candidate.cmd, candidate.timeout_seconds)
+    context: _Context = await fork.async_create_code_context()
+    return await context.async_run_code(candidate.code, candidate.timeout_seconds)
 
 
-def _rate(index: int, candidate: Candidate, fork: Sandbox, score_fn: ScoreFn) -> CandidateReport:
+async def _rate(
+    index: int, candidate: Candidate, fork: Forkable, score_fn: ScoreFn
+) -> CandidateReport:
     report = CandidateReport(index, candidate, fork.id)
     try:
-        report.outcome = _run(fork, candidate)
-        score = score_fn(report.outcome, candidate, fork)
+        report.outcome = await _run(fork, candidate)
+        score = await asyncio.to_thread(score_fn, report.outcome, candidate, fork)
     except Exception as e:  # a failed call or scorer disqualifies only its candidate
         report.error = f"{type(e).__name__}: {e}"
         return report
@@ -131,13 +158,13 @@ def explain(winner: CandidateReport, reports: Sequence[CandidateReport]) -> str:
     return f"candidate #{winner.index} scored {winner.score:g}{beat}"
 
 
-def explore(
-    sandbox: Sandbox,
+async def async_explore(
+    sandbox: S,
     candidates: Sequence[Candidate],
     score_fn: ScoreFn,
     *,
     metadata: dict[str, str] | None = None,
-) -> ExploreResult:
+) -> ExploreResult[S]:
     """Run each candidate in its own fork of ``sandbox``, keep the best-scored fork, kill
     the others. ``sandbox`` runs on untouched; ``result.winner.sandbox.promote()`` makes the
     winner replace it.
@@ -145,13 +172,12 @@ def explore(
     :raises BadRequestError: no candidate, or more than the engine forks at once (16).
     :raises SandforkError: no candidate could be scored (every fork is killed then).
     """
-    forks = sandbox.fork_tree(len(candidates), metadata=metadata)
-    keep: Sandbox | None = None
+    forks: Sequence[S] = await sandbox.async_fork_tree(len(candidates), metadata=metadata)
+    keep: S | None = None
     try:
-        with ThreadPoolExecutor(max_workers=len(forks)) as pool:
-            reports = list(
-                pool.map(lambda i: _rate(i, candidates[i], forks[i], score_fn), range(len(forks)))
-            )
+        reports = await asyncio.gather(
+            *(_rate(i, candidates[i], forks[i], score_fn) for i in range(len(forks)))
+        )
         best = pick_winner(reports)
         if best is None or best.outcome is None or best.score is None:
             why = "; ".join(f"#{r.index}: {r.error}" for r in reports)
@@ -162,32 +188,14 @@ def explore(
         winner = Winner(best.index, best.candidate, keep, best.outcome, best.score)
         return ExploreResult(winner, reports, explain(best, reports))
     finally:
-        for fork in forks:
-            if fork is not keep:
-                _kill_quietly(fork)
+        await asyncio.gather(*(_kill_quietly(fork) for fork in forks if fork is not keep))
 
 
-def promote(
-    sandbox: Sandbox, *, kill_parent: bool = True, kill_siblings: bool = False
-) -> list[str]:
-    """Make a fork child the one that goes on: its parent is killed (unless ``kill_parent``
-    is false), its siblings too with ``kill_siblings``; it loses ``fork_parent_id`` and gets
-    ``promoted_from``. Returns the ids killed.
-
-    :raises BadRequestError: ``sandbox`` is not a fork child.
-    """
-    body = {"kill_parent": kill_parent, "kill_siblings": kill_siblings}
-    data = sandbox.client.request("POST", f"/sandboxes/{sandbox.id}/promote", json=body)
-    sandbox.metadata = dict(data["sandbox"]["metadata"])
-    return list(data["killed"])
-
-
-explore_forks = explore  # the names ``Sandbox``'s methods of the same names call
-promote_fork = promote
-
-
-def _kill_quietly(sandbox: Sandbox) -> None:
+async def _kill_quietly(sandbox: Forkable) -> None:
     try:
-        sandbox.kill()
+        await sandbox.async_kill()
     except NotFoundError:
         pass
+
+
+explore = blocking(async_explore)

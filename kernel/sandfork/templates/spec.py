@@ -27,7 +27,8 @@ Fields (all optional but ``name``, which defaults to the file name):
 - ``setup``: shell commands run in the image with ``/bin/sh -c`` after the files, as root,
   with ``/opt/venv/bin`` first on ``PATH`` and the host's network and CA certificates.
 - ``disk_size_mb``: size of the root filesystem (the qcow2 image is sparse).
-- ``memory_mb``, ``cpus``: defaults for sandboxes of this template (not build inputs).
+- ``memory_mb`` (at least ``protocol.MIN_MEMORY_MB``), ``cpus``: defaults for sandboxes of
+  this template (not build inputs).
 
 Builtin specs live in ``builtin/*.toml`` next to this module; user specs in
 ``sandfork.paths.user_templates_dir()`` (a user spec with a builtin's name takes precedence).
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import user_templates_dir
+from ..protocol import DEFAULT_MEMORY_MB, MIN_MEMORY_MB
 from .errors import TemplateError
 
 __all__ = [
@@ -96,7 +98,7 @@ class TemplateSpec:
     files: dict[str, str] = field(default_factory=dict)
     setup: tuple[str, ...] = ()
     disk_size_mb: int = 4096
-    memory_mb: int = 1024
+    memory_mb: int = DEFAULT_MEMORY_MB
     cpus: int = 2
     backend: str = "auto"  # what runs its sandboxes: auto, vm or container
     source: Path | None = field(default=None, compare=False)
@@ -295,7 +297,9 @@ def parse_spec(text: str, source: Path | str | None = None) -> TemplateSpec:
         files=files,
         setup=c.strings("setup", data.get("setup", []), _check_command),
         disk_size_mb=c.integer("disk_size_mb", data.get("disk_size_mb", 4096), 512, 1 << 20),
-        memory_mb=c.integer("memory_mb", data.get("memory_mb", 1024), 128, 1 << 20),
+        memory_mb=c.integer(
+            "memory_mb", data.get("memory_mb", DEFAULT_MEMORY_MB), MIN_MEMORY_MB, 1 << 20
+        ),
         cpus=c.integer("cpus", data.get("cpus", 2), 1, 256),
         backend=_backend(c, data.get("backend", "auto")),
         source=src_path,

@@ -1,4 +1,5 @@
-"""What every API handler shares: API-key authentication, bounded JSON bodies, JSON errors.
+"""What every API handler shares: API-key authentication, bounded JSON bodies, JSON errors
+(``{"error": message, "kind": kind}``, the kind a :class:`~sandfork.protocol.ErrorKind`).
 
 Request bodies are streamed (``stream_request_body``) so that their size is checked before
 they are read: a ``Content-Length`` over the route's limit is refused with a JSON 413 right
@@ -30,16 +31,18 @@ from tornado.ioloop import IOLoop
 
 from sandfork import strict_json
 from sandfork.engine.config import EngineConfig
-from sandfork.engine.errors import ApiError, BadRequest, TooLarge
+from sandfork.engine.errors import ApiError, BadRequest, TooLarge, kind_of_status
 from sandfork.engine.execution import ExecutionService
 from sandfork.engine.handlers.validate import field, timeout_field
 from sandfork.engine.sandboxes import SandboxService
-from sandfork.engine.snapshotting import SnapshotService
+from sandfork.engine.snapshots import SnapshotService
+from sandfork.protocol import ErrorKind
 
 __all__ = [
     "API_KEY_REQUIRED",
     "ApiHandler",
     "EngineAccess",
+    "error_answer",
     "field",
     "has_api_key",
     "timeout_field",
@@ -50,6 +53,11 @@ API_KEY_REQUIRED = "missing or wrong API key (send Authorization: Bearer <key>)"
 # A body declared larger than the limit is still read (and dropped) up to this size, so that
 # the client sees the 413; past it the connection is closed right after the 413.
 _DRAIN_LIMIT = 256 * 2**20
+
+
+def error_answer(message: str, kind: ErrorKind) -> dict[str, str]:
+    """The body of a failure answer (or of a stream's ``error`` event)."""
+    return {"error": message, "kind": kind.value}
 
 
 def has_api_key(request: httputil.HTTPServerRequest, expected: str) -> bool:
@@ -270,8 +278,9 @@ class ApiHandler(EngineAccess, web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        kind = kind_of_status(status_code)
         if isinstance(exc, ApiError):
-            message = exc.message
+            message, kind = exc.message, exc.kind
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
         else:
@@ -279,7 +288,7 @@ class ApiHandler(EngineAccess, web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         if self._closing:  # tornado does not say so itself
             self.set_header("Connection", "close")
-        self.finish(json.dumps({"error": message}))
+        self.finish(json.dumps(error_answer(message, kind)))
 
     def _handle_request_exception(self, e: BaseException) -> None:
         if isinstance(e, ApiError):

@@ -10,7 +10,12 @@ from jupyter_client.jsonutil import json_default
 from tornado import websocket
 
 from sandfork.engine.errors import ApiError
-from sandfork.engine.handlers.base import API_KEY_REQUIRED, EngineAccess, has_api_key
+from sandfork.engine.handlers.base import (
+    API_KEY_REQUIRED,
+    EngineAccess,
+    error_answer,
+    has_api_key,
+)
 from sandfork.engine.kernel_relay import KernelRelay
 
 
@@ -22,17 +27,17 @@ class ChannelsHandler(EngineAccess, websocket.WebSocketHandler):
     async def prepare(self) -> None:
         """Refuse, before the upgrade, a request without the key or to a sandbox not running."""
         if not has_api_key(self.request, self.settings["api_key"]):
-            self._refuse(401, API_KEY_REQUIRED)
+            self._refuse(ApiError(API_KEY_REQUIRED, 401))
             return
         try:
             await self.sandboxes.awake(self.path_args[0])
         except ApiError as e:
-            self._refuse(e.status, e.message)
+            self._refuse(e)
 
-    def _refuse(self, status: int, message: str) -> None:
-        self.set_status(status)
+    def _refuse(self, error: ApiError) -> None:
+        self.set_status(error.status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"error": message}))
+        self.finish(json.dumps(error_answer(error.message, error.kind)))
 
     def check_origin(self, origin: str) -> bool:
         """Clients authenticate with the API key in a header, never a cookie: any origin."""

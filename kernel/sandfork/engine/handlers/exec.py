@@ -8,8 +8,8 @@ from typing import Any
 from tornado.iostream import StreamClosedError
 
 from sandfork.engine.errors import ApiError, BadRequest
-from sandfork.engine.execution import Command
-from sandfork.engine.handlers.base import ApiHandler
+from sandfork.engine.execution import ShellCommand
+from sandfork.engine.handlers.base import ApiHandler, error_answer
 from sandfork.engine.handlers.validate import (
     MAX_PATH_CHARS,
     env_field,
@@ -18,12 +18,12 @@ from sandfork.engine.handlers.validate import (
 )
 
 
-def command_field(body: dict[str, Any]) -> Command:
+def command_field(body: dict[str, Any]) -> ShellCommand:
     """The shell command of an exec request body."""
     cmd = text_field(body, "cmd", 2**20)
     if not cmd:
         raise BadRequest("field 'cmd' is required: the shell command to run")
-    return Command(
+    return ShellCommand(
         cmd=cmd,
         timeout=timeout_field(body, "timeout_seconds"),
         env=env_field(body),
@@ -41,7 +41,8 @@ class ExecHandler(ApiHandler):
 
 class ExecStreamHandler(ApiHandler):
     """``POST``: run a command, streaming ``stdout``/``stderr`` events, then ``exit``
-    (server-sent events; a failure is an ``error`` event)."""
+    (server-sent events; a failure is an ``error`` event, ``{"error", "kind"}`` as a failure
+    answer's body: a command killed at its timeout has kind ``timeout``)."""
 
     #: Recorded in the ledger like ``POST /exec`` (its ``exit`` then carries ``seq``,
     #: ``duration_ms`` and ``truncated``), so that a resume replays it like any other call.
@@ -58,7 +59,7 @@ class ExecStreamHandler(ApiHandler):
             async for event in self.execution.exec_stream(sandbox_id, command, request):
                 await self._relay(event)
         except ApiError as e:
-            await self._send("error", {"error": e.message})
+            await self._send("error", error_answer(e.message, e.kind))
         except StreamClosedError:
             return
         self.finish()

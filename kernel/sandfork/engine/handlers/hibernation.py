@@ -4,12 +4,11 @@ Hibernating captures the sandbox and stops its VM, freeing its memory; the sandb
 id and shows ``"status": "hibernated"``. Any later request to it (exec, run_code, files, a
 kernel channel, a snapshot) wakes it from the capture first; ``/wake`` does so without one.
 Both answer with the sandbox and are idempotent. ``/pause`` freezes the sandbox in place, its
-memory kept (:mod:`sandfork.engine.pausing`); ``/resume`` of a paused one lets it go on.
+memory kept; ``/resume`` of a paused one lets it go on (:mod:`sandfork.engine.lifecycle`).
 """
 
 from __future__ import annotations
 
-from sandfork.engine import pausing
 from sandfork.engine.handlers.base import ApiHandler
 
 
@@ -17,7 +16,7 @@ class HibernateHandler(ApiHandler):
     """``POST``: capture the sandbox and stop its VM."""
 
     async def post(self, sandbox_id: str) -> None:
-        record = await self.snapshots.hibernate(sandbox_id)
+        record = await self.sandboxes.hibernate(sandbox_id)
         self.write_json(record.to_api())
 
 
@@ -25,7 +24,7 @@ class WakeHandler(ApiHandler):
     """``POST``: resume a hibernated sandbox now (a running one is left as it is)."""
 
     async def post(self, sandbox_id: str) -> None:
-        record = await self.snapshots.wake(sandbox_id)
+        record = await self.sandboxes.wake(sandbox_id)
         self.write_json(record.to_api())
 
 
@@ -33,5 +32,5 @@ class PauseHandler(ApiHandler):
     """``POST``: freeze the sandbox where it is, its memory kept (idempotent)."""
 
     async def post(self, sandbox_id: str) -> None:
-        record = await pausing.pause(self.sandboxes, sandbox_id, self.config.hibernate_wait)
+        record = await self.sandboxes.pause(sandbox_id, self.config.hibernate_wait)
         self.write_json(record.to_api())

@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 from sandfork.engine.errors import BadRequest
-from sandfork.engine.expiry import ON_EXPIRY
 from sandfork.engine.handlers.base import ApiHandler, field
 from sandfork.engine.leases import MAX_SECONDS, MAX_TTL_SECONDS, MIN_SECONDS
 from sandfork.engine.ledger import now
+from sandfork.protocol import OnExpiry
 
 
 def lease_field(
@@ -23,6 +23,16 @@ def lease_field(
     if not MIN_SECONDS <= value <= most:
         raise BadRequest(f"{name} must be between {MIN_SECONDS:g} and {most:g}, got {value}")
     return float(value)
+
+
+def on_expiry_field(body: dict[str, Any]) -> OnExpiry | None:
+    """The optional ``on_expiry``: what the sandbox's time to live running out does."""
+    value = field(body, "on_expiry", str)
+    try:
+        return None if value is None else OnExpiry(value)
+    except ValueError:
+        allowed = ", ".join(OnExpiry)
+        raise BadRequest(f"on_expiry must be one of {allowed}, not {value!r}") from None
 
 
 class LeaseHandler(ApiHandler):
@@ -43,7 +53,8 @@ class LifecycleHandler(ApiHandler):
     answers the same.
 
     A time to live is the sandbox's lease: it is killed when the TTL runs out (hibernated with
-    ``"on_expiry": "hibernate"``: :mod:`sandfork.engine.expiry`), unless renewed first
+    ``"on_expiry": "hibernate"``: :meth:`~sandfork.engine.sandboxes.SandboxService.expired`),
+    unless renewed first
     (another PATCH, or ``POST .../lease``); ``null`` ends it. A persistent sandbox has
     none: making one persistent ends its lease, and a TTL for it is a 400.
     """
@@ -58,9 +69,7 @@ class LifecycleHandler(ApiHandler):
             raise BadRequest(f"unknown field {unknown[0]!r} (ttl_seconds, persistent, on_expiry)")
         persistent = field(body, "persistent", bool)
         ttl = lease_field(body, "ttl_seconds", MAX_TTL_SECONDS)
-        on_expiry = field(body, "on_expiry", str)
-        if on_expiry is not None and on_expiry not in ON_EXPIRY:
-            raise BadRequest(f"on_expiry must be one of {', '.join(ON_EXPIRY)}, not {on_expiry!r}")
+        on_expiry = on_expiry_field(body)
         if persistent and ttl is not None:
             raise BadRequest("a persistent sandbox has no time to live")
         if on_expiry is not None:

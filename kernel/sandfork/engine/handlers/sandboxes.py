@@ -6,6 +6,7 @@ from sandfork.engine.errors import ApiError, BadRequest
 from sandfork.engine.handlers.base import ApiHandler, field
 from sandfork.engine.handlers.leases import lease_field
 from sandfork.engine.handlers.validate import metadata_field, template_field, text_field
+from sandfork.protocol import MIN_MEMORY_MB
 
 
 class SandboxesHandler(ApiHandler):
@@ -19,10 +20,12 @@ class SandboxesHandler(ApiHandler):
         limits = self.settings["config"]
         template = template_field(body, limits.default_template)
         memory_mb = field(body, "memory_mb", int)
-        cpus = field(body, "cpu", int)
-        if memory_mb is not None and not 256 <= memory_mb <= limits.max_memory_mb:
-            raise BadRequest(f"memory_mb must be between 256 and {limits.max_memory_mb}")
-        if cpus is not None and not 1 <= cpus <= limits.max_cpus:
+        cpu = field(body, "cpu", int)
+        if memory_mb is not None and not MIN_MEMORY_MB <= memory_mb <= limits.max_memory_mb:
+            raise BadRequest(
+                f"memory_mb must be between {MIN_MEMORY_MB} and {limits.max_memory_mb}"
+            )
+        if cpu is not None and not 1 <= cpu <= limits.max_cpus:
             raise BadRequest(f"cpu must be between 1 and {limits.max_cpus}")
         metadata = metadata_field(body, limits)
         persistent = bool(field(body, "persistent", bool, False))
@@ -49,7 +52,7 @@ class SandboxesHandler(ApiHandler):
         record = await self.sandboxes.create(
             template,
             memory_mb=memory_mb,
-            cpus=cpus,
+            cpu=cpu,
             metadata=metadata,
             persistent=persistent,
             host_access=host_access,

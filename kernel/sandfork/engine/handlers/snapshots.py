@@ -8,15 +8,16 @@ from typing import Any
 
 from tornado.http1connection import HTTP1Connection
 
-from sandfork.engine import exchange, pausing
+from sandfork.engine import exchange
+from sandfork.engine.config import EngineConfig
 from sandfork.engine.errors import BadRequest, NotFound
 from sandfork.engine.handlers.base import ApiHandler, field
-from sandfork.engine.handlers.validate import metadata_field, text_field
-from sandfork.engine.sandboxes import PAUSED
-from sandfork.engine.snapshots import MAX_ATTACHMENT_BYTES, check_attachment_name, check_name
-from sandfork.protocol import MAX_FORKS
+from sandfork.engine.handlers.validate import check_text, metadata_field, text_field
+from sandfork.engine.snapshot_store import MAX_ATTACHMENT_BYTES, check_attachment_name, check_name
+from sandfork.protocol import MAX_FORKS, MAX_SNAPSHOT_NAME, SandboxStatus
 
 MAX_IMPORT_BYTES = 64 * 2**30
+METADATA_PREFIX = "metadata."  # of a listing's query parameters that filter by metadata
 
 
 def attachments_field(body: dict[str, Any]) -> dict[str, bytes]:
@@ -32,8 +33,31 @@ def attachments_field(body: dict[str, Any]) -> dict[str, bytes]:
 
 def name_field(body: dict[str, Any]) -> str | None:
     """The optional snapshot ``name``."""
-    name: str | None = text_field(body, "name", 200)
+    name: str | None = text_field(body, "name", MAX_SNAPSHOT_NAME)
     return None if name is None else check_name(name)
+
+
+def metadata_query(arguments: dict[str, list[bytes]], config: EngineConfig) -> dict[str, str]:
+    """The ``metadata.<key>=<value>`` filters of a query: each key once, keys and values
+    within the engine's metadata limits (400 otherwise)."""
+    wanted: dict[str, str] = {}
+    for name, values in arguments.items():
+        if not name.startswith(METADATA_PREFIX):
+            continue
+        try:  # tornado decodes names as Latin-1, and leaves values as bytes
+            key = name.removeprefix(METADATA_PREFIX).encode("latin-1").decode()
+            value = values[-1].decode()
+        except UnicodeError:
+            raise BadRequest(f"query parameter {name[:64]!r} is not UTF-8") from None
+        if not key:
+            raise BadRequest(f"query parameter {name!r} names no metadata key")
+        if len(values) != 1:
+            raise BadRequest(f"query parameter {key[:64]!r} is given {len(values)} times")
+        check_text(key, "a metadata key", config.max_metadata_key_chars)
+        wanted[key] = check_text(
+            value, f"metadata value of {key!r}", config.max_metadata_value_bytes
+        )
+    return wanted
 
 
 class SandboxSnapshotsHandler(ApiHandler):
@@ -74,7 +98,8 @@ class ForkHandler(ApiHandler):
 
 
 class ForkTreeHandler(ApiHandler):
-    """``POST {"count": n}`` makes ``n`` (1-16) children from one capture."""
+    """``POST {"count": n}`` makes ``n`` (1 to :data:`~sandfork.protocol.MAX_FORKS`) children
+    from one capture."""
 
     async def post(self, sandbox_id: str) -> None:
         body = self.json_body()
@@ -91,11 +116,13 @@ class ForkTreeHandler(ApiHandler):
 
 
 class SnapshotsHandler(ApiHandler):
-    """``GET`` lists snapshots, newest first (``?sandbox_id=`` filters)."""
+    """``GET`` lists snapshots, newest first; ``?sandbox_id=`` keeps one sandbox's, and each
+    ``?metadata.<key>=<value>`` those whose metadata has that value (all must match)."""
 
     async def get(self) -> None:
         sandbox_id = self.get_query_argument("sandbox_id", None)
-        snaps = self.snapshots.visible(sandbox_id)
+        wanted = metadata_query(self.request.query_arguments, self.config)
+        snaps = self.snapshots.visible(sandbox_id, wanted)
         self.write_json({"snapshots": [s.to_api() for s in snaps]})
 
 
@@ -144,11 +171,11 @@ class ResumeHandler(ApiHandler):
 
     async def post(self, sandbox_id: str) -> None:
         try:
-            paused = self.sandboxes.get(sandbox_id).status == PAUSED
+            paused = self.sandboxes.get(sandbox_id).status is SandboxStatus.PAUSED
         except NotFound:  # killed: its checkpoints are still there
             paused = False
         if paused:
-            record = await pausing.unpause(self.sandboxes, sandbox_id)
+            record = await self.sandboxes.unpause(sandbox_id)
             self.write_json({"sandbox": record.to_api(), "replay": []})
             return
         record, replay = await self.snapshots.resume(sandbox_id, name_field(self.json_body()))

@@ -191,7 +191,7 @@ class SandforkEngineApp(Application):
 
     def start(self) -> None:
         """Run the engine until SIGINT/SIGTERM."""
-        from sandfork.engine.app import serve
+        from sandfork.engine.server import serve
 
         config = self.engine_config()
         logging.basicConfig(

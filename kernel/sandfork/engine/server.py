@@ -32,10 +32,10 @@ from sandfork.engine.handlers.exec import ExecHandler, ExecStreamHandler, Record
 from sandfork.engine.handlers.files import DirHandler, FileHandler, StatHandler
 from sandfork.engine.handlers.hibernation import HibernateHandler, PauseHandler, WakeHandler
 from sandfork.engine.handlers.leases import LeaseHandler, LifecycleHandler
-from sandfork.engine.handlers.lineage import PromoteHandler
 from sandfork.engine.handlers.logs import LogsHandler
 from sandfork.engine.handlers.not_served import PANDASTACK_ONLY, NotServedHandler
 from sandfork.engine.handlers.ports import PortProxyHandler, PortsHandler
+from sandfork.engine.handlers.promote import PromoteHandler
 from sandfork.engine.handlers.repl import (
     InterruptHandler,
     RestartHandler,
