@@ -69,15 +69,20 @@ class DiskImages(Protocol):
 
 
 @dataclass(frozen=True)
-class Capture:
-    """What a sandbox starts from: a snapshot's state folder (``None``: boot), its spec, its
-    disk (the layer to put the sandbox's own over) and its memory chain (top first; empty
+class StartPoint:
+    """What a sandbox starts from: a capture's state folder (``None``: it boots), its spec,
+    its disk (the layer to put the sandbox's own over) and its memory chain (top first; empty
     when the memory is in the state folder or the sandbox boots)."""
 
     dir: Path | None
     spec: MachineSpec
     disk: Path
     memory: list[Path]
+
+    @classmethod
+    def boot(cls, spec: MachineSpec, disk: Path) -> StartPoint:
+        """A cold boot of ``spec`` over ``disk``: no capture to restore."""
+        return cls(None, spec, disk, [])
 
 
 @dataclass(frozen=True)
@@ -200,22 +205,22 @@ class Backend(Protocol):
 
     async def restore(
         self,
-        capture: Capture,
+        start: StartPoint,
         directory: Path,
         disk: Path,
         spawned: Callable[[int], None] | None = None,
         *,
         host_access: bool = False,
     ) -> Instance:
-        """Start a sandbox resuming ``capture`` on ``disk`` (a fresh layer over
-        ``capture.disk``)."""
+        """Start a sandbox resuming ``start`` on ``disk`` (a fresh layer over
+        ``start.disk``)."""
 
     async def boot_capture(self, spec: MachineSpec, template: BuiltTemplate, dest: Path) -> None:
         """Boot a sandbox of ``spec`` on the template's image, start its default kernel,
         capture it into the empty folder ``dest`` and stop it: what new sandboxes of the
         template start from (the folder is renamed into place after)."""
 
-    def capture_at(self, directory: Path, spec: MachineSpec) -> Capture:
+    def capture_at(self, directory: Path, spec: MachineSpec) -> StartPoint:
         """The boot capture in ``directory`` as new sandboxes start from it."""
 
     def capture_files(self, directory: Path) -> tuple[list[Path], Path]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandfork.backends.agent_link import AgentErrorReply, AgentLink
-from sandfork.backends.base import Capture, Captured, CaptureRequest, MachineSpec
+from sandfork.backends.base import Captured, CaptureRequest, MachineSpec, StartPoint
 from sandfork.protocol import DEFAULT_CONTEXT
 from sandfork.templates import BuiltTemplate
 
@@ -339,10 +339,10 @@ class FakeBackend:
         return await self._start("create", {}, directory, disk, spawned)
 
     async def restore(
-        self, capture: Capture, directory: Path, disk: Path, spawned: Spawned = None, **_: bool
+        self, start: StartPoint, directory: Path, disk: Path, spawned: Spawned = None, **_: bool
     ) -> FakeInstance:
-        assert capture.dir is not None
-        files = json.loads((capture.dir / STATE).read_text())
+        assert start.dir is not None
+        files = json.loads((start.dir / STATE).read_text())
         return await self._start("restore", files, directory, disk, spawned)
 
     async def _start(
@@ -361,8 +361,8 @@ class FakeBackend:
         (dest / STATE).write_text("{}")
         self.images.create_overlay(self.base_disk(template), dest / DISK)
 
-    def capture_at(self, directory: Path, spec: MachineSpec) -> Capture:
-        return Capture(directory, spec, directory / DISK, [])
+    def capture_at(self, directory: Path, spec: MachineSpec) -> StartPoint:
+        return StartPoint(directory, spec, directory / DISK, [])
 
     def capture_files(self, directory: Path) -> tuple[list[Path], Path]:
         return [directory / STATE, directory / DISK], directory / STATE

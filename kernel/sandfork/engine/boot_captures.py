@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sandfork.backends.agent_link import AgentErrorReply
-from sandfork.backends.base import Backend, Capture, MachineSpec
+from sandfork.backends.base import Backend, MachineSpec, StartPoint
 from sandfork.engine.errors import ApiError
 from sandfork.templates import BuiltTemplate
 
@@ -65,7 +65,7 @@ class BootCaptures:
         self,
         built: BuiltTemplate,
         spec: MachineSpec,
-        use: Callable[[Capture], Awaitable[T]],
+        use: Callable[[StartPoint], Awaitable[T]],
     ) -> T:
         """``use`` the capture for ``built`` with ``spec``; if that fails, discard the capture
         and ``use`` a rebuilt one (once: a second failure is not the capture's fault)."""
@@ -78,7 +78,7 @@ class BootCaptures:
             self.discard(current.dir, self.backends[spec.backend])
         return await use(await self.ensure(built, spec))
 
-    async def ensure(self, built: BuiltTemplate, spec: MachineSpec) -> Capture:
+    async def ensure(self, built: BuiltTemplate, spec: MachineSpec) -> StartPoint:
         """The capture for ``built`` with ``spec``, made first if missing or bad."""
         backend = self.backends[spec.backend]
         key = self.key(built, spec)

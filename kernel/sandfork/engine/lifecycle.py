@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from sandfork.backends.base import Capture, Instance
+from sandfork.backends.base import Instance, StartPoint
 from sandfork.crashpoints import crash_point
 from sandfork.engine.backends import Backends
 from sandfork.engine.capture import Capturer
@@ -76,7 +76,7 @@ class Lifecycle(SandboxRegistry):
     async def start_sandbox(
         self,
         template: str,
-        capture: Capture,
+        start: StartPoint,
         *,
         metadata: dict[str, str],
         persistent: bool,
@@ -84,12 +84,12 @@ class Lifecycle(SandboxRegistry):
         host_access: bool = False,
         relations: Relations | None = None,
     ) -> SandboxRecord:
-        """A new sandbox, ``starting``: boot ``capture.spec`` or resume ``capture``'s
+        """A new sandbox, ``starting``: boot ``start.spec`` or resume ``start``'s
         snapshot; ``running`` once its agent answers."""
         sandbox_id = new_sandbox_id()
-        suffix = self.backends[capture.spec.backend].images.suffix
-        disk = capture.disk if capture.dir is None else self.store.new_layer(capture.disk, suffix)
-        spec = capture.spec
+        suffix = self.backends[start.spec.backend].images.suffix
+        disk = start.disk if start.dir is None else self.store.new_layer(start.disk, suffix)
+        spec = start.spec
         record = SandboxRecord(
             id=sandbox_id,
             template=template,
@@ -106,21 +106,21 @@ class Lifecycle(SandboxRegistry):
             vm=spec.to_dict(),
             boot_mode=boot_mode,
             host_access=host_access,
-            memory=str(capture.memory[0]) if capture.memory else "",
+            memory=str(start.memory[0]) if start.memory else "",
             **(relations or {}),
         )
         self._records[sandbox_id] = record
         self.db.put(record)
         self.store.settle(disk)  # the record owns it now
         try:
-            await self.run_vm(record, capture)
+            await self.run_vm(record, start)
         except Exception as e:
             self._forget(sandbox_id)
             raise ApiError(f"could not start the sandbox: {e}", 500) from e
         return record
 
-    async def run_vm(self, record: SandboxRecord, capture: Capture) -> None:
-        """Boot or resume ``capture`` as the sandbox of ``record`` (on its disk): it is
+    async def run_vm(self, record: SandboxRecord, start: StartPoint) -> None:
+        """Boot or resume ``start`` as the sandbox of ``record`` (on its disk): it is
         ``running`` after."""
         directory, disk = Path(record.dir), Path(record.disk)
         backend = self.backends.of(record)
@@ -132,14 +132,14 @@ class Lifecycle(SandboxRegistry):
             crash_point("start.spawned")
 
         try:
-            if capture.dir is None:
+            if start.dir is None:
                 instance = await backend.create(
-                    capture.spec, directory, disk, spawned, host_access=record.host_access
+                    start.spec, directory, disk, spawned, host_access=record.host_access
                 )
             else:
-                await asyncio.to_thread(backend.images.create_overlay, capture.disk, disk)
+                await asyncio.to_thread(backend.images.create_overlay, start.disk, disk)
                 instance = await backend.restore(
-                    capture, directory, disk, spawned, host_access=record.host_access
+                    start, directory, disk, spawned, host_access=record.host_access
                 )
                 await instance.resumed()
         except Exception:
@@ -340,16 +340,16 @@ class Lifecycle(SandboxRegistry):
                 return record
             snap = self.hibernation_capture(sandbox_id)
             if snap is None:
-                self.mark_dead(record, "its hibernation capture is missing")
-                raise Conflict(f"sandbox {sandbox_id} cannot wake: its capture is missing")
-            capture = self.store.capture(snap)
-            suffix = self.backends[capture.spec.backend].images.suffix
-            disk = self.store.new_layer(capture.disk, suffix)  # later writes are dropped
+                self.mark_dead(record, "its hibernation start is missing")
+                raise Conflict(f"sandbox {sandbox_id} cannot wake: its start is missing")
+            start = self.store.start_point(snap)
+            suffix = self.backends[start.spec.backend].images.suffix
+            disk = self.store.new_layer(start.disk, suffix)  # later writes are dropped
             record.status, record.disk = SandboxStatus.WAKING, str(disk)
             self.db.put(record)
             self.store.settle(disk)
             try:
-                await self.run_vm(record, capture)
+                await self.run_vm(record, start)
             except Exception as e:
                 record.status = SandboxStatus.HIBERNATED
                 self.db.put(record)

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from sandfork.backends.base import Capture
+from sandfork.backends.base import StartPoint
 from sandfork.engine.backends import Backends
 from sandfork.engine.boot_captures import BootCaptures
 from sandfork.engine.capture import Capturer
@@ -182,7 +182,7 @@ class SandboxService(Lifecycle):
         await asyncio.to_thread(chosen.images.create_overlay, base, disk)
         return await self.start_sandbox(
             built.name,
-            Capture(None, spec, disk, []),
+            StartPoint.boot(spec, disk),
             metadata=metadata,
             persistent=persistent,
             host_access=host_access,
@@ -201,14 +201,14 @@ class SandboxService(Lifecycle):
         (``relations``: to the sandboxes it comes from)."""
         with self.store.in_use(snapshot_id) as snap:
             await hold_point("restore.in_use")
-            capture = self.store.capture(snap)
-            backend = self.backends.choose(capture.spec.backend, host_access=host_access)
-            self.check_room(1, capture.spec.memory_mb)
+            start = self.store.start_point(snap)
+            backend = self.backends.choose(start.spec.backend, host_access=host_access)
+            self.check_room(1, start.spec.memory_mb)
             if not backend.shares_memory:
                 self.limits.check_host_memory(snap.size_bytes, f"restoring {snap.id} would")
             record = await self.start_sandbox(
                 snap.template,
-                capture,
+                start,
                 metadata=metadata,
                 persistent=persistent,
                 boot_mode=BootMode.SNAPSHOT,

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandfork import protocol
-from sandfork.backends.base import Capture, MachineSpec
+from sandfork.backends.base import MachineSpec, StartPoint
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, Conflict, NotFound
 from sandfork.protocol import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
@@ -137,10 +137,10 @@ class SnapshotStore:
             chain.append(Path(layers[str(chain[-1])]))
         return chain
 
-    def capture(self, snap: SnapshotRecord) -> Capture:
+    def start_point(self, snap: SnapshotRecord) -> StartPoint:
         """What a sandbox restored from ``snap`` starts from."""
         spec = MachineSpec.from_dict(snap.vm)
-        return Capture(self.path(snap.id), spec, Path(snap.disk), self.memory_chain(snap.memory))
+        return StartPoint(self.path(snap.id), spec, Path(snap.disk), self.memory_chain(snap.memory))
 
     def settle(self, *layers: Path) -> None:
         """End the ownership :meth:`new_layer` started; unreferenced layers can now go."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from sandfork.protocol import INVENTORY_ATTACHMENT as INVENTORY
 from sandfork.protocol import SandboxInfo, SnapshotInfo
-from sandfork.proxy_kernel.checkpoints import CELL_ID, KIND, LINEAGE, PREVIOUS
+from sandfork.proxy_kernel.checkpoints import CELL_CHECKPOINT, CELL_ID, LINEAGE, PREVIOUS
 from sandfork.sdk.inventory import Inventory, diff
 
 NOTEBOOK = "notebook.ipynb"  # the attachment holding the notebook document of a snapshot
@@ -57,7 +57,7 @@ def listing(
 def snapshot_entry(snap: SnapshotInfo) -> dict[str, Any]:
     """A snapshot as the front end shows it: the API's fields it needs, the notebook, and
     what a per-cell checkpoint says of its cell."""
-    checkpoint = snap.metadata.get(KIND) == "cell"
+    checkpoint = CELL_CHECKPOINT.items() <= snap.metadata.items()
     count = snap.metadata.get("execution_count", "")
     return {
         "id": snap.id,

@@ -18,7 +18,7 @@ from sandfork.protocol import CHECKPOINTS_KEPT, DEFAULT_CONTEXT
 from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.proxy_kernel.lease import DEFAULT_SECONDS, LEASE_ENV
 from sandfork.proxy_kernel.proxy import KernelProxy
-from sandfork.proxy_kernel.state import Attachment, load_state, state_file
+from sandfork.proxy_kernel.state import Binding, load_state, state_file
 from sandfork.sdk import Client, Sandbox
 
 
@@ -105,15 +105,15 @@ class SandforkKernelApp(JupyterApp):
     def _own_sandbox_default(self) -> bool:
         return os.environ.get("SANDFORK_OWN_SANDBOX", "") == "1"
 
-    async def attachment(self, client: Client, state: Path) -> Attachment:
+    async def binding(self, client: Client, state: Path) -> Binding:
         """The configured sandbox, the one a restarted kernel had, or a new one."""
         saved = load_state(state)
         if saved is not None:  # a restart: the sandbox this kernel last ran in (%restore moves it)
             sandbox = await Sandbox.async_get(saved["sandbox_id"], client)
-            return Attachment(sandbox, saved["context"], owned=bool(saved["owned"]))
+            return Binding(sandbox, saved["context"], owned=bool(saved["owned"]))
         if self.sandbox_id:
             sandbox = await Sandbox.async_get(self.sandbox_id, client)
-            return Attachment(sandbox, self.context, owned=self.own_sandbox)
+            return Binding(sandbox, self.context, owned=self.own_sandbox)
         sandbox = await Sandbox.async_create(
             self.template,
             memory_mb=self.memory_mb or None,
@@ -123,7 +123,7 @@ class SandforkKernelApp(JupyterApp):
             lease_seconds=None if self.persistent else self.lease_seconds,
             client=client,
         )
-        return Attachment(sandbox, self.context, owned=True)
+        return Binding(sandbox, self.context, owned=True)
 
     def start(self) -> None:
         """Serve the connection file until the kernel is shut down."""
@@ -150,9 +150,9 @@ class SandforkKernelApp(JupyterApp):
         state: Path,
         checkpoints: CellCheckpoints,
     ) -> None:
-        attachment = await self.attachment(client, state)
+        binding = await self.binding(client, state)
         proxy = KernelProxy(
-            connection, attachment, state, self.lease_seconds, checkpoints, self.hibernate_after
+            connection, binding, state, self.lease_seconds, checkpoints, self.hibernate_after
         )
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, proxy.terminate)

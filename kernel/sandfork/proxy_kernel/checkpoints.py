@@ -28,7 +28,9 @@ from typing import Any
 from sandfork.protocol import CHECKPOINTS_KEPT
 from sandfork.sdk import Sandbox, Snapshot
 
-KIND = "checkpoint"  # metadata: what made the snapshot
+# A cell checkpoint (a snapshot the kernel takes after a cell, for %rewind) is marked so in
+# its metadata; a ledger checkpoint (``Sandbox.checkpoint``) is another thing.
+CELL_CHECKPOINT = {"checkpoint": "cell"}
 LINEAGE = "kernel_lineage"
 PREVIOUS = "previous_checkpoint"
 CELL_ID = "cell_id"  # "" for the checkpoint taken when checkpoints were turned on
@@ -94,7 +96,7 @@ class CellCheckpoints:
 
     def _metadata(self, cell_id: str, count: str, source: str) -> dict[str, str]:
         return {
-            KIND: "cell",
+            **CELL_CHECKPOINT,
             LINEAGE: self.lineage,
             CELL_ID: cell_id,
             "execution_count": count,
@@ -130,7 +132,7 @@ class CellCheckpoints:
 
     async def listed(self, sandbox: Sandbox) -> list[Snapshot]:
         """This kernel's checkpoints, newest first."""
-        ours = {KIND: "cell", LINEAGE: self.lineage}
+        ours = {**CELL_CHECKPOINT, LINEAGE: self.lineage}
         return await Snapshot.async_list(metadata=ours, client=sandbox.client)
 
     async def history(self, sandbox: Sandbox) -> list[Snapshot]:

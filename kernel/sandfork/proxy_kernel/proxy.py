@@ -31,7 +31,7 @@ from sandfork.proxy_kernel.lease import keep_leased, renew
 from sandfork.proxy_kernel.link import GuestMessage, SandboxLink, keep_linked
 from sandfork.proxy_kernel.session import Request
 from sandfork.proxy_kernel.sockets import KernelSockets
-from sandfork.proxy_kernel.state import Attachment, save_state
+from sandfork.proxy_kernel.state import Binding, save_state
 from sandfork.sdk import Sandbox, SandforkError
 
 log = logging.getLogger(__name__)
@@ -47,13 +47,13 @@ class KernelProxy:
     def __init__(
         self,
         connection: dict[str, Any],
-        attachment: Attachment,
+        binding: Binding,
         state: Path,
         lease_seconds: float,
         checkpoints: CellCheckpoints | None = None,
         hibernate_after: float = 0,
     ) -> None:
-        self.attachment = attachment
+        self.binding = binding
         self.controls = magics.KernelControls(
             lease_seconds, checkpoints or CellCheckpoints(), IdleTimer(hibernate_after)
         )
@@ -73,10 +73,8 @@ class KernelProxy:
         self._waking: asyncio.Task[None] | None = None  # the wake requests wait for
 
     def _new_link(self) -> SandboxLink:
-        sandbox = self.attachment.sandbox
-        return SandboxLink(
-            sandbox.client.aio, sandbox.id, self.attachment.context, self._from_guest
-        )
+        sandbox = self.binding.sandbox
+        return SandboxLink(sandbox.client.aio, sandbox.id, self.binding.context, self._from_guest)
 
     # -- running -------------------------------------------------------------------------
 
@@ -91,9 +89,9 @@ class KernelProxy:
                 log.warning("could not take the lease of sandbox %s: %s", sandbox.id, e)
         if self.checkpoints.enabled:  # configured, or a restarted kernel's: start the history
             try:
-                await self.checkpoints.turn_on(self.attachment.sandbox)
+                await self.checkpoints.turn_on(self.binding.sandbox)
             except SandforkError as e:
-                attached = self.attachment.sandbox.id
+                attached = self.binding.sandbox.id
                 log.warning("the first checkpoint of sandbox %s failed: %s", attached, e)
         self._save()
         loop = asyncio.get_running_loop()
@@ -137,19 +135,19 @@ class KernelProxy:
             return
         self._closing = True
         self._link.close()
-        sandbox = self.attachment.sandbox
-        if self.attachment.leased:
+        sandbox = self.binding.sandbox
+        if self.binding.leased:
             try:
                 await sandbox.async_kill()
             except SandforkError as e:
                 log.warning("could not kill sandbox %s: %s", sandbox.id, e)
-        if self.attachment.owned:
+        if self.binding.owned:
             self.state.unlink(missing_ok=True)
         self.stop()
 
     def _leased_sandbox(self) -> Sandbox | None:
         """The sandbox whose lease the kernel keeps, if it keeps one now."""
-        return None if self._closing or not self.attachment.leased else self.attachment.sandbox
+        return None if self._closing or not self.binding.leased else self.binding.sandbox
 
     def _drain(self, channel: str) -> None:
         """Handle every message waiting on ``channel`` (ZMQ's descriptor is edge-triggered:
@@ -232,7 +230,7 @@ class KernelProxy:
         Otherwise the sandbox is killed, unless it is persistent or not the kernel's own.
         """
         restart = bool(request.content().get("restart"))
-        sandbox = self.attachment.sandbox
+        sandbox = self.binding.sandbox
         self._closing, self._restarting = True, restart
         try:
             if restart:
@@ -240,7 +238,7 @@ class KernelProxy:
                 self._save()
             else:
                 self.state.unlink(missing_ok=True)
-                if self.attachment.owned and not sandbox.persistent:
+                if self.binding.owned and not sandbox.persistent:
                     self._link.close()
                     await sandbox.async_kill()
         except SandforkError as e:
@@ -255,7 +253,7 @@ class KernelProxy:
         """Run a proxy magic, then have the guest run its stand-in in the request's place."""
         outcome: magics.Outcome | magics.MagicError
         try:
-            sandbox = self.attachment.sandbox
+            sandbox = self.binding.sandbox
             outcome = await magics.run(magic, sandbox, self.controls)
         except magics.MagicError as e:
             outcome = e
@@ -270,8 +268,8 @@ class KernelProxy:
 
     async def _repoint(self, sandbox: Sandbox) -> None:
         """Run on ``sandbox`` from now on; the previous one goes if it was the kernel's own."""
-        old = self.attachment
-        self.attachment = Attachment(sandbox, old.context, owned=True)
+        old = self.binding
+        self.binding = Binding(sandbox, old.context, owned=True)
         previous, self._link = self._link, self._new_link()
         previous.close()
         try:
@@ -315,10 +313,10 @@ class KernelProxy:
         """Take a cell's checkpoint; after a long pause, go on in a sandbox restored from it
         (the same state) when the sandbox is the kernel's own VM (a container's capture
         costs the same in a restored copy: moving would not help)."""
-        sandbox = self.attachment.sandbox
+        sandbox = self.binding.sandbox
         try:
             taken = await self.checkpoints.take(sandbox, metadata)
-            movable = self.attachment.leased and sandbox.isolation != "container"
+            movable = self.binding.leased and sandbox.isolation != "container"
             if movable and self.checkpoints.remaps(taken):
                 await self._repoint(
                     await magics.restore_for_kernel(taken.id, sandbox, self.controls)
@@ -328,18 +326,18 @@ class KernelProxy:
 
     def describe(self) -> dict[str, Any]:
         """The sandbox the kernel uses now, as its ``kernel_info_reply`` says it."""
-        attached = self.attachment
+        attached = self.binding
         checkpoints = self.checkpoints.state()
         return kernel_info.describe(
             attached.sandbox.id, attached.context, attached.owned, checkpoints
         )
 
     def _save(self) -> None:
-        save_state(self.state, self.attachment, self.checkpoints.state())
+        save_state(self.state, self.binding, self.checkpoints.state())
 
     def _reply_unreachable(self, request: Request, reason: str) -> None:
         self._routes.pop(request.header["msg_id"], None)
-        evalue = f"the sandbox {self.attachment.sandbox.id} cannot be reached: {reason}"
+        evalue = f"the sandbox {self.binding.sandbox.id} cannot be reached: {reason}"
         self.zmq.unreachable(request, evalue)
 
     # -- hibernation ---------------------------------------------------------------------
@@ -350,7 +348,7 @@ class KernelProxy:
 
     async def _hibernate(self) -> None:
         """Hibernate the sandbox: its channels close, and the next request wakes it."""
-        sandbox = self.attachment.sandbox
+        sandbox = self.binding.sandbox
         self.idle.asleep = True
         previous, self._link = self._link, self._new_link()  # opened again on waking
         previous.close()
@@ -364,7 +362,7 @@ class KernelProxy:
                     await self._wake()
 
     async def _wake(self) -> None:
-        await self.attachment.sandbox.async_wake()
+        await self.binding.sandbox.async_wake()
         await self._link.open()
         self.idle.asleep = False
         self.idle.touch()

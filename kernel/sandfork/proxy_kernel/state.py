@@ -24,7 +24,7 @@ def state_file(connection_file: str) -> Path:
 
 
 @dataclass
-class Attachment:
+class Binding:
     """The sandbox the kernel runs in, and whether the kernel created it (and may kill it)."""
 
     sandbox: Sandbox
@@ -37,13 +37,13 @@ class Attachment:
         return self.owned and not self.sandbox.persistent
 
 
-def save_state(path: Path, attachment: Attachment, checkpoints: dict[str, Any]) -> None:
-    """Record the attachment and the checkpoint settings; written to a temporary name and
+def save_state(path: Path, binding: Binding, checkpoints: dict[str, Any]) -> None:
+    """Record the binding and the checkpoint settings; written to a temporary name and
     renamed, so readers never see half a file."""
     data = {
-        "sandbox_id": attachment.sandbox.id,
-        "context": attachment.context,
-        "owned": attachment.owned,
+        "sandbox_id": binding.sandbox.id,
+        "context": binding.context,
+        "owned": binding.owned,
         "checkpoints": checkpoints,
     }
     tmp = path.with_name(path.name + ".tmp")

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sandfork.backends.base import Capture, CaptureRequest, MachineSpec
+from sandfork.backends.base import CaptureRequest, MachineSpec, StartPoint
 from sandfork.backends.container import criu as criu_tools
 from sandfork.backends.container import layers
 from sandfork.backends.container.cgroups import Cgroup, Hierarchy, Limits
@@ -281,19 +281,19 @@ class ContainerBackend:
 
     async def restore(
         self,
-        capture: Capture,
+        start: StartPoint,
         directory: Path,
         disk: Path,
         spawned: Callable[[int], None] | None = None,
         *,
         host_access: bool = False,
     ) -> ContainerSandbox:
-        """A new sandbox resuming the CRIU image in ``capture.dir`` on the layer ``disk``."""
-        assert capture.dir is not None
+        """A new sandbox resuming the CRIU image in ``start.dir`` on the layer ``disk``."""
+        assert start.dir is not None
         criu = self.criu()
         root = self._root(directory, disk)
-        pipes = json.loads((capture.dir / PIPES).read_text())
-        images = capture.dir / IMAGES
+        pipes = json.loads((start.dir / PIPES).read_text())
+        images = start.dir / IMAGES
         restore = RestoreConfig(
             images=str(images),
             links=str(self._links(directory, images)),
@@ -306,9 +306,9 @@ class ContainerBackend:
             criu_path=criu.env()["PATH"],
         )
         sandbox = await self._start(
-            capture.spec, directory, disk, spawned, host_access=host_access, restore=restore
+            start.spec, directory, disk, spawned, host_access=host_access, restore=restore
         )
-        sandbox.last_layer = capture.disk  # its files are that layer's until they change
+        sandbox.last_layer = start.disk  # its files are that layer's until they change
         return sandbox
 
     async def boot_capture(self, spec: MachineSpec, template: BuiltTemplate, dest: Path) -> None:
@@ -324,9 +324,9 @@ class ContainerBackend:
             await sandbox.destroy()
             shutil.rmtree(disk, ignore_errors=True)  # the capture has a copy
 
-    def capture_at(self, directory: Path, spec: MachineSpec) -> Capture:
+    def capture_at(self, directory: Path, spec: MachineSpec) -> StartPoint:
         """The boot capture in ``directory`` as sandboxes start from it."""
-        return Capture(directory, spec, directory / DISK, [])
+        return StartPoint(directory, spec, directory / DISK, [])
 
     def capture_files(self, directory: Path) -> tuple[list[Path], Path]:
         """A boot capture's CRIU images and pipe list; CRIU's inventory is checksummed."""

@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from sandfork.backends.base import Capture, CaptureRequest, MachineSpec
+from sandfork.backends.base import CaptureRequest, MachineSpec, StartPoint
 from sandfork.backends.processes import kill_process
 from sandfork.backends.vm.accel import Accelerator, detect_accelerator
 from sandfork.backends.vm.images import Qcow2Images
@@ -114,27 +114,27 @@ class VmBackend:
 
     async def restore(
         self,
-        capture: Capture,
+        start: StartPoint,
         directory: Path,
         disk: Path,
         spawned: Callable[[int], None] | None = None,
         *,
         host_access: bool = False,
     ) -> Machine:
-        """Start a VM that resumes the snapshot in ``capture.dir`` on ``disk``, its RAM the
-        memory chain ``capture.memory`` (its full image mapped copy-on-write).
+        """Start a VM that resumes the snapshot in ``start.dir`` on ``disk``, its RAM the
+        memory chain ``start.memory`` (its full image mapped copy-on-write).
 
         The network is the new VM's own choice: a snapshot taken under either restores in both.
         """
         layout = VmLayout(directory, disk, self.ram_dir)
         return await Machine.launch(
-            VmSpec.from_machine_spec(capture.spec),
+            VmSpec.from_machine_spec(start.spec),
             layout,
             self.boot_timeout,
-            capture.dir,
+            start.dir,
             spawned,
             Network(host_access),
-            capture.memory,
+            start.memory,
             self.copy_memory,
         )
 
@@ -157,9 +157,9 @@ class VmBackend:
             scratch.unlink(missing_ok=True)
             shutil.rmtree(machine.layout.dir, ignore_errors=True)
 
-    def capture_at(self, directory: Path, spec: MachineSpec) -> Capture:
+    def capture_at(self, directory: Path, spec: MachineSpec) -> StartPoint:
         """The boot capture in ``directory`` as sandboxes start from it."""
-        return Capture(directory, spec, directory / CAPTURE_DISK, [directory / CAPTURE_MEMORY])
+        return StartPoint(directory, spec, directory / CAPTURE_DISK, [directory / CAPTURE_MEMORY])
 
     def capture_files(self, directory: Path) -> tuple[list[Path], Path]:
         """A boot capture's files, and the one whose checksum is checked before each use (the
