@@ -18,9 +18,12 @@ if ! command -v chromium >/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
 fi
+# Two workers (pytest-xdist), each test file on one of them: most tests wait on one VM, whose
+# TCG keeps one core busy, so a second file runs beside it in about the same time.
+workers=(-n "${SANDFORK_TEST_WORKERS:-2}" --dist loadfile)
 echo "==> pytest (every test; sandboxes are VMs)"
 set +e
-SANDFORK_TEST_BACKEND=vm .venv/bin/pytest -ra "$@"
+SANDFORK_TEST_BACKEND=vm .venv/bin/pytest -ra "${workers[@]}" "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then
@@ -36,7 +39,7 @@ if [ -n "$why" ]; then
 fi
 echo "==> pytest (the portable tests; sandboxes are containers)"
 set +e
-SANDFORK_TEST_BACKEND=container .venv/bin/pytest -ra -m "portable and not vm_only" "$@"
+SANDFORK_TEST_BACKEND=container .venv/bin/pytest -ra "${workers[@]}" -m "portable and not vm_only" "$@"
 second=$?
 set -e
 if [ "$code" -ne 0 ]; then exit "$code"; fi

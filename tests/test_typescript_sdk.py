@@ -10,6 +10,7 @@ and real VMs, and must leave no sandbox behind.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -56,16 +57,29 @@ def _check(result: subprocess.CompletedProcess[str], what: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def built_package() -> Path:
-    """typescript-sdk/ installed from package-lock.json (npm ci) and built (ESM, CJS, .d.ts)."""
+def built_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """typescript-sdk/ installed from package-lock.json (npm ci) and built (ESM, CJS, .d.ts),
+    once per test run: the suite's workers (pytest-xdist) share the run's temporary root,
+    where the first to build leaves a mark the others wait for."""
+    run = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run = run.parent  # .../pytest-N/popen-gwK: the run's, shared by its workers
+    with (run / "typescript-sdk.lock").open("a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if not (run / "typescript-sdk.built").exists():
+            _build()
+            (run / "typescript-sdk.built").touch()
+    for built in ("dist/esm/index.js", "dist/esm/index.d.ts", "dist/cjs/index.js"):
+        assert (PACKAGE / built).is_file(), f"the build did not write {built}"
+    return PACKAGE
+
+
+def _build() -> None:
     cache = Path(os.environ.get("SANDFORK_CACHE_DIR", Path.home() / ".cache" / "sandfork"))
     env = {**os.environ, "npm_config_cache": str(cache / "npm")}
     npm = _tool("npm")
     _check(_run([npm, "ci", "--no-audit", "--no-fund"], env, 600), "npm ci")
     _check(_run([npm, "run", "build"], env, 300), "npm run build")
-    for built in ("dist/esm/index.js", "dist/esm/index.d.ts", "dist/cjs/index.js"):
-        assert (PACKAGE / built).is_file(), f"the build did not write {built}"
-    return PACKAGE
 
 
 def test_commonjs_and_esm_entry_points(built_package: Path) -> None:

@@ -6,6 +6,7 @@ processes found by their ids, and the user removed afterwards with its home and 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import shutil
@@ -139,7 +140,14 @@ def new_user(name: str) -> Iterator[UnprivilegedUser]:
 
 def give_subordinate_ids(name: str) -> None:
     """Subordinate uids and gids for the user's namespaces, past every range in use (where
-    ``useradd`` did not add them already, as it does where ``SUB_UID_COUNT`` is set)."""
+    ``useradd`` did not add them already, as it does where ``SUB_UID_COUNT`` is set); under
+    a lock, since the suite's workers may add two users at once."""
+    with open("/run/sandfork-test-subids.lock", "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        _give_subordinate_ids(name)
+
+
+def _give_subordinate_ids(name: str) -> None:
     for kind, flag in (("subuid", "--add-subuids"), ("subgid", "--add-subgids")):
         table = Path(f"/etc/{kind}")
         lines = table.read_text().splitlines() if table.exists() else []

@@ -4,7 +4,9 @@ Creating a sandbox restores one of these instead of booting, so only the first s
 template (per backend, memory size, CPU count, accelerator and hypervisor or CRIU build) pays
 for a cold boot. They live in the cache, keyed by those inputs, so every engine and test run
 on the machine shares them; a capture is built under a temporary name and renamed into place
-when complete. What a capture's folder holds is the backend's (:meth:`Backend.boot_capture`).
+when complete, and engines that need the same missing capture at once build it once (a lock
+file per key, held across processes). What a capture's folder holds is the backend's
+(:meth:`Backend.boot_capture`).
 
 A capture is checked before use against its manifest (every file's size, a checksum of one
 of them); a damaged one, or one a restore fails from, is discarded and built again once. Its
@@ -17,12 +19,14 @@ sandboxes' chains may name, and the rebuild goes to the next generation's direct
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,6 +49,19 @@ def _generations(root: Path, stem: str) -> list[tuple[int, Path]]:
         if path.suffix[1:].isdigit():
             found.append((int(path.suffix[1:]), path))
     return sorted(found)
+
+
+@contextlib.asynccontextmanager
+async def _held(root: Path, stem: str) -> AsyncIterator[None]:
+    """The lock of one key among every engine of the machine (released by the kernel if the
+    holder dies, even by SIGKILL)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{stem}.lock", "a+") as f:
+        await asyncio.to_thread(fcntl.flock, f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 class BootCaptures:
@@ -83,7 +100,7 @@ class BootCaptures:
         backend = self.backends[spec.backend]
         key = self.key(built, spec)
         stem = f"{built.name}-{key}"
-        async with self._locks.setdefault(key, asyncio.Lock()):
+        async with self._locks.setdefault(key, asyncio.Lock()), _held(self.root, stem):
             dirs = _generations(self.root, stem)
             final = next((d for _, d in reversed(dirs) if (d / MANIFEST).exists()), None)
             if final is not None and not await asyncio.to_thread(self.valid, final, backend):
