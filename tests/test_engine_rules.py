@@ -20,7 +20,8 @@ import pytest_asyncio
 
 from engine_fake import Engines, FakeEngine, chain, set_status
 from sandfork.backends.agent_link import AgentErrorReply
-from sandfork.backends.fake import TIMES_OUT, FakeHost
+from sandfork.backends.fake import FakeHost
+from sandfork.backends.fake_guest import TIMES_OUT
 from sandfork.engine.db import Database
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, OverLimit, Timeout
 from sandfork.engine.execution import ShellCommand

@@ -3,14 +3,13 @@
  * its code contexts.
  */
 
-import { CommandFailed, SandforkError, errorFor } from "./errors.js";
-import { type ClientOption, type Http, httpOf, serverSentEvents } from "./http.js";
+import { CommandFailed } from "./errors.js";
+import { type ClientOption, type Http, httpOf } from "./http.js";
 import { Files } from "./files.js";
 import {
   type ApiExecResult,
   type ExecResult,
   Execution,
-  type WireFields,
   type WireObject,
   execResult,
 } from "./models.js";
@@ -18,90 +17,30 @@ import { type LedgerEntry, ReplayCache } from "./replay.js";
 import { type Candidate, type ExploreOptions, type ExploreResult, explore } from "./explore.js";
 import * as routes from "./routes.js";
 import { Snapshot } from "./snapshot.js";
-import { DEFAULT_TEMPLATE, type SandboxInfo, type SandboxStatus } from "./wire.js";
+import { DEFAULT_TEMPLATE, type SandboxInfo } from "./wire.js";
+import { SandboxView } from "./sandbox-view.js";
+import {
+  type CheckpointInfo,
+  type CreateOptions,
+  type ExecOptions,
+  type ExecStreamOptions,
+  type ForkOptions,
+  type PromoteResult,
+  type SnapshotOptions,
+  execBody,
+  relayStream,
+} from "./sandbox-calls.js";
 
-/** Options of `Sandbox.create`. */
-export interface CreateOptions extends ClientOption {
-  template?: string;
-  fromSnapshot?: string;
-  memoryMb?: number;
-  cpu?: number;
-  metadata?: Record<string, string>;
-  persistent?: boolean;
-  /** What runs it: "vm" or "container" (default: the engine's choice). */
-  backend?: "vm" | "container";
-}
-
-/** Options of `exec`. */
-export interface ExecOptions {
-  timeoutSeconds?: number;
-  /** Throw `CommandFailed` on a non-zero exit code. */
-  check?: boolean;
-  env?: Record<string, string>;
-  cwd?: string;
-}
-
-/** Options of `execStream`: `exec`'s, plus callbacks for output as it arrives. */
-export interface ExecStreamOptions extends Omit<ExecOptions, "check"> {
-  onStdout?: (chunk: string) => void;
-  onStderr?: (chunk: string) => void;
-}
-
-/** Options of `fork` and `forkTree`. */
-export interface ForkOptions {
-  metadata?: Record<string, string>;
-  /** Reseed `random` and NumPy's global generator in each copy. */
-  reseedPython?: boolean;
-}
-
-/** A checkpoint: a snapshot marked in the sandbox's ledger after call `seq`. */
-export interface CheckpointInfo {
-  snapshotId: string;
-  seq: number;
-  name: string | null;
-  createdAt: Date;
-}
-
-/** What `promote` did. */
-export interface PromoteResult {
-  /** The sandboxes it killed: the parent (unless kept) and, if asked, the siblings. */
-  killed: string[];
-}
-
-/** The request body of an exec, the same from every SDK (the ledger compares bodies). */
-export function execBody(cmd: string, options: ExecOptions = {}): Record<string, unknown> {
-  const body: Record<string, unknown> = { cmd };
-  if (options.timeoutSeconds !== undefined) body.timeout_seconds = options.timeoutSeconds;
-  if (options.env && Object.keys(options.env).length) body.env = options.env;
-  if (options.cwd) body.cwd = options.cwd;
-  return body;
-}
-
-/** Options of `snapshot`. */
-export interface SnapshotOptions {
-  name?: string;
-  /** Tags of the snapshot (`Snapshot.list({metadata})` finds it by them). */
-  metadata?: Record<string, string>;
-}
-
-/** The camelCase fields a `Sandbox` shows, checked against the wire's `SandboxInfo`. */
-type SandboxFields = WireFields<
-  SandboxInfo,
-  | "id"
-  | "template"
-  | "status"
-  | "cpu"
-  | "memoryMb"
-  | "metadata"
-  | "createdAt"
-  | "persistent"
-  | "isolation"
-  | "backend"
-  | "fromSnapshot"
-  | "forkParentId"
-  | "promotedFrom"
-  | "resumedFrom"
->;
+export type {
+  CheckpointInfo,
+  CreateOptions,
+  ExecOptions,
+  ExecStreamOptions,
+  ForkOptions,
+  PromoteResult,
+  SnapshotOptions,
+} from "./sandbox-calls.js";
+export { execBody } from "./sandbox-calls.js";
 
 /**
  * A sandbox: a VM or a container with a guest agent and Jupyter kernels inside.
@@ -110,91 +49,21 @@ type SandboxFields = WireFields<
  * hibernated…): every field the engine sent, those this SDK does not know yet too. The
  * camelCase fields read from it.
  */
-export class Sandbox implements SandboxFields {
+export class Sandbox extends SandboxView {
   readonly files: Files;
   replay = new ReplayCache();
-  private data: WireObject<SandboxInfo>;
 
   private constructor(
     readonly client: Http,
     info: SandboxInfo,
   ) {
-    this.data = { ...info } as WireObject<SandboxInfo>;
+    super(info);
     this.files = new Files(client, info.id);
   }
 
   /** A `Sandbox` from the engine's JSON. */
   static fromApi(client: Http, data: unknown): Sandbox {
     return new Sandbox(client, data as SandboxInfo);
-  }
-
-  /** The engine's JSON object of the sandbox: every field it sent, known or not. */
-  get info(): WireObject<SandboxInfo> {
-    return this.data;
-  }
-
-  get id(): string {
-    return this.data.id;
-  }
-
-  get template(): string {
-    return this.data.template;
-  }
-
-  /** As last seen; `refresh()` asks again. */
-  get status(): SandboxStatus {
-    return this.data.status;
-  }
-
-  get cpu(): number {
-    return this.data.cpu;
-  }
-
-  get memoryMb(): number {
-    return this.data.memory_mb;
-  }
-
-  get metadata(): Record<string, string> {
-    this.data.metadata ??= {};
-    return this.data.metadata;
-  }
-
-  get createdAt(): string {
-    return this.data.created_at ?? "";
-  }
-
-  get persistent(): boolean {
-    return Boolean(this.data.persistent);
-  }
-
-  /** What separates it from the host: "vm" or "container". */
-  get isolation(): string {
-    return this.data.isolation ?? "";
-  }
-
-  /** What runs it (the engine's backend). */
-  get backend(): string {
-    return this.data.backend ?? "";
-  }
-
-  /** The snapshot it was restored from, if any. */
-  get fromSnapshot(): string | null {
-    return this.data.from_snapshot ?? null;
-  }
-
-  /** The sandbox it was forked from, while it is a fork child. */
-  get forkParentId(): string | null {
-    return this.data.fork_parent_id ?? null;
-  }
-
-  /** The sandbox it replaced when promoted. */
-  get promotedFrom(): string | null {
-    return this.data.promoted_from ?? null;
-  }
-
-  /** The sandbox whose checkpoint it resumed. */
-  get resumedFrom(): string | null {
-    return this.data.resumed_from ?? null;
   }
 
   /**
@@ -458,25 +327,6 @@ export class Sandbox implements SandboxFields {
     if (cached !== undefined) return { data: cached, replayed: true };
     return { data: await this.client.request("POST", path, { json: body }), replayed: false };
   }
-}
-
-/** Relay a streamed exec's output to the callbacks; resolve to its `exit` event. */
-async function relayStream(
-  response: Response,
-  onStdout?: (chunk: string) => void,
-  onStderr?: (chunk: string) => void,
-): Promise<ApiExecResult> {
-  for await (const { event, data } of serverSentEvents(response)) {
-    if (event === "stdout") onStdout?.(String(data.chunk));
-    else if (event === "stderr") onStderr?.(String(data.chunk));
-    else if (event === "exit") return data as ApiExecResult;
-    else if (event === "error") {
-      // The kind is on the wire; a stream has no HTTP status of a failure (its answer was a
-      // 200): an older engine's event without a kind is a server error.
-      throw errorFor(undefined, String(data.error), data.kind);
-    }
-  }
-  throw new SandforkError("the exec stream ended without an exit code; the outcome is unknown");
 }
 
 /** A code context: a real ipykernel inside the sandbox whose state persists across runs. */
