@@ -179,8 +179,12 @@ def toolbar_button(page: Page, name: str) -> Locator:
 
 
 def run_cell(page: Page, code: str) -> Locator:
-    """Types ``code`` into the front notebook's last cell and runs it; returns that cell."""
+    """Types ``code`` into the front notebook's last cell, once it shows empty, and runs it;
+    returns that cell."""
     cells = notebook_panel(page).locator(".jp-Notebook .jp-CodeCell")
+    # A notebook just opened (a branch, a restore) may not show its last, empty, cell yet:
+    # typing into the one before would append to its code.
+    expect(cells.last.locator(".cm-content")).to_have_text(re.compile(r"^\s*$"))
     cell = cells.nth(cells.count() - 1)  # fixed now: running it appends a new last cell
     cell.locator(".cm-content").click()
     page.keyboard.insert_text(code)
