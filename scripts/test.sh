@@ -18,8 +18,8 @@ if ! command -v chromium >/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
 fi
-# Two workers (pytest-xdist), each test file on one of them: most tests wait on one VM, whose
-# TCG keeps one core busy, so a second file runs beside it in about the same time.
+# Two workers (pytest-xdist), each test file on one of them: much of a VM test's time is a VM
+# booting or a kernel starting, which leaves a core idle (docs/design-notes.md, "Tests").
 workers=(-n "${SANDFORK_TEST_WORKERS:-2}" --dist loadfile)
 echo "==> pytest (every test; sandboxes are VMs)"
 set +e
