@@ -11,7 +11,7 @@ import pytest
 import sandfork
 
 PACKAGE = Path(sandfork.__file__).parent
-CLIENTS = ("sdk", "proxy_kernel", "jupyter", "client", "protocol")
+CLIENTS = ("sdk", "proxy_kernel", "jupyter", "client", "protocol", "gateway")
 ENGINE_INTERNALS = ("sandfork.engine", "sandfork.backends", "sandfork.templates")
 SHARED = ("paths.py", "strict_json.py")  # what clients and the engine share, beside protocol
 

@@ -127,7 +127,7 @@ def test_the_model_keeps_what_it_does_not_know() -> None:
 # -- routes are spelled once ------------------------------------------------------------------
 
 ROUTE = re.compile(r"""["'`](?:/v1)?/(?:sandboxes|snapshots|changes|templates|health)\b""")
-PYTHON_CLIENTS = ("sdk", "proxy_kernel", "jupyter", "cli")
+PYTHON_CLIENTS = ("sdk", "proxy_kernel", "jupyter", "cli", "gateway")
 TS_OWNERS = ("routes.ts",)  # where the TypeScript SDK builds its paths
 
 

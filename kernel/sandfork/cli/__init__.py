@@ -1,4 +1,6 @@
-"""The ``sandfork`` command line: serve, lab, env, template, criu, sandbox, snapshot, doctor.
+"""The ``sandfork`` command line (serve, gateway, lab, env, template, criu, sandbox, …).
+
+Its commands: serve, gateway, lab, env, template, criu, sandbox, snapshot, doctor.
 
 Expected failures (the engine refuses, a template cannot be built, QEMU is missing, a
 permission is lacking, Ctrl-C) print ``sandfork: error: <message>`` and a ``hint:`` line and
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 
 from sandfork.cli import containers, host, resources
 from sandfork.cli.errors import describe, report
+from sandfork.gateway.cli import add_command as gateway_command
 
 __all__ = ["build_parser", "main"]
 
@@ -30,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_commands(sub, common)
     containers.add_commands(sub, common)
     resources.add_commands(sub, common)
+    gateway_command(sub)
     return parser
 
 

@@ -201,3 +201,21 @@ class EngineConfig(LoggingConfigurable):
         "kernel; a kernel still busy with a cell then gets an inventory marked unavailable "
         "(the cell is not interrupted).",
     ).tag(config=True)
+    gateway_url = Unicode(
+        "",
+        help="A gateway (sandfork gateway) this engine registers with and sends heartbeats "
+        "to, e.g. http://10.0.0.5:8770; empty: none.",
+    ).tag(config=True)
+    gateway_key = Unicode(
+        "", help="This engine's key at the gateway (the gateway's engine_keys names it)."
+    ).tag(config=True)
+    gateway_engine_name = Unicode(
+        "", help="This engine's name at the gateway (default: the host name)."
+    ).tag(config=True)
+    gateway_engine_url = Unicode(
+        "",
+        help="The URL the gateway reaches this engine at (default: the one it listens on).",
+    ).tag(config=True)
+    gateway_heartbeat_interval = Float(
+        2.0, min=0.05, help="Seconds between two heartbeats to the gateway."
+    ).tag(config=True)

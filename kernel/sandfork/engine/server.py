@@ -25,6 +25,7 @@ from sandfork.engine.egress import EgressProxy
 from sandfork.engine.egress_policy import exempting
 from sandfork.engine.egress_tunnel import EgressTunnels
 from sandfork.engine.errors import NotFound
+from sandfork.engine.gateway_link import GatewayLink
 from sandfork.engine.handlers.base import ApiHandler
 from sandfork.engine.handlers.changes import ChangesHandler
 from sandfork.engine.handlers.channels import ChannelsHandler
@@ -221,6 +222,8 @@ async def serve(config: EngineConfig) -> None:
         vm.accel.reason,
         backends.reasons.get("container") or "available",
     )
+    link = GatewayLink(config, url, api_key, services.sandboxes) if config.gateway_url else None
+    heartbeats = asyncio.create_task(link.run()) if link is not None else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -228,6 +231,8 @@ async def serve(config: EngineConfig) -> None:
     try:
         await stop.wait()
     finally:
+        if heartbeats is not None:
+            heartbeats.cancel()
         server.stop()
         info.unlink(missing_ok=True)
         await services.stop()

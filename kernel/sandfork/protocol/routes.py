@@ -15,6 +15,8 @@ TEMPLATES = "/templates"
 SANDBOXES = "/sandboxes"
 SNAPSHOTS = "/snapshots"
 SNAPSHOT_IMPORT = "/snapshots/import"
+GATEWAY_HEARTBEAT = "/gateway/heartbeat"  # a gateway's: where its engines register
+GATEWAY_ENGINES = "/gateway/engines"  # a gateway's: its fleet
 
 SANDBOX_ACTIONS = frozenset(
     {
