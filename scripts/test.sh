@@ -18,9 +18,9 @@ if ! command -v chromium >/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
 fi
-# Two workers (pytest-xdist), each test file on one of them: much of a VM test's time is a VM
-# booting or a kernel starting, which leaves a core idle (docs/design-notes.md, "Tests").
-workers=(-n "${SANDFORK_TEST_WORKERS:-2}" --dist loadfile)
+# One worker unless told (SANDFORK_TEST_WORKERS=2: pytest-xdist, a test file per worker); two
+# were no faster here: a TCG VM keeps both cores busy (docs/design-notes.md, "Tests").
+workers=(-n "${SANDFORK_TEST_WORKERS:-0}" --dist loadfile)
 echo "==> pytest (every test; sandboxes are VMs)"
 set +e
 SANDFORK_TEST_BACKEND=vm .venv/bin/pytest -ra "${workers[@]}" "$@"
