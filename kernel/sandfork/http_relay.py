@@ -19,7 +19,7 @@ from tornado.iostream import IOStream, StreamClosedError
 
 from sandfork.byte_streams import Incoming, Outgoing
 
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
@@ -30,9 +30,10 @@ _HOP_BY_HOP = frozenset(
         "trailer",
         "transfer-encoding",
         "upgrade",
-        "content-length",  # the relay sets its own
     }
 )
+"""Headers of one hop (RFC 9110, 7.6.1), never relayed."""
+_DROPPED = HOP_BY_HOP | {"content-length"}  # the relay sets its own
 _CONNECTION_FIELDS = frozenset({"connection", "keep-alive", "proxy-connection"})  # of a response
 _CHUNK = 1 << 16
 HEAD_LIMIT = 64 * 1024
@@ -71,7 +72,7 @@ def request_head(
     """The request head to send upstream: ``headers`` without the hop-by-hop ones and those
     named in ``drop`` (lower case), then ``add``, the body's length and the connection's fate."""
     headers = list(headers)
-    dropped = _HOP_BY_HOP | {name.lower() for name in drop}
+    dropped = _DROPPED | {name.lower() for name in drop}
     lines = [f"{method} {target} HTTP/1.1"]
     lines += [f"{name}: {value}" for name, value in headers if name.lower() not in dropped]
     lines += [f"{name}: {value}" for name, value in add]

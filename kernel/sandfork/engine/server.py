@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import secrets
 import signal
 from pathlib import Path
 from typing import Any
@@ -66,6 +64,7 @@ from sandfork.engine.package_sources import package_sources
 from sandfork.engine.services import Bounds, EngineServices
 from sandfork.paths import cache_dir, state_dir
 from sandfork.protocol import CONTEXT_ID, SANDBOX_ID, SNAPSHOT_ID
+from sandfork.serving import load_or_create_key, publish
 
 log = logging.getLogger(__name__)
 
@@ -137,19 +136,6 @@ def make_app(services: EngineServices, config: EngineConfig, api_key: str) -> we
     )
 
 
-def load_or_create_api_key(runtime: Path) -> str:
-    """The engine's API key, generated on first start and kept with mode 0600."""
-    path = runtime / "api_key"
-    if path.exists():
-        return path.read_text().strip()
-    runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = "sfk_" + secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
-    return key
-
-
 async def serve(config: EngineConfig) -> None:
     """Run the engine until SIGINT/SIGTERM; sandboxes keep running after it stops."""
     os.umask(0o077)  # the database (command output), guest RAM and snapshots are private
@@ -157,7 +143,7 @@ async def serve(config: EngineConfig) -> None:
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o700)
     runtime = home / "run"
-    api_key = load_or_create_api_key(runtime)
+    api_key = load_or_create_key(runtime / "api_key", "sfk_")
     db = Database(home / "engine.sqlite")
     ram = Path(config.ram_dir) if config.ram_dir else default_ram_dir(home)
     ram.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -206,13 +192,8 @@ async def serve(config: EngineConfig) -> None:
         header_timeout=config.header_timeout,
     )
     server.add_sockets(sockets)
-    port = sockets[0].getsockname()[1]
-    host = f"[{config.ip}]" if ":" in config.ip else config.ip
-    url = f"http://{host}:{port}"
     info = runtime / "engine.json"
-    partial = runtime / f".engine.json.{os.getpid()}"
-    partial.write_text(json.dumps({"url": url, "pid": os.getpid()}))
-    partial.rename(info)  # readers never see half of it
+    url = publish(sockets, config.ip, info)
     log.info(
         "sandfork engine on %s (backend %s: %s; VM accelerator: %s, %s; containers: %s)",
         url,

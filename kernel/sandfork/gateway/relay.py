@@ -26,24 +26,12 @@ from sandfork.gateway.base import GatewayHandler
 from sandfork.gateway.fleet import Engine
 from sandfork.gateway.keys import CREDENTIALS
 from sandfork.gateway.routing import Target, target
+from sandfork.http_relay import HOP_BY_HOP
 from sandfork.protocol import EngineUnreachable, SandforkError
 
 STREAM_TIMEOUT = 24 * 3600.0  # whole-request limit: streams and downloads may be long
 LEARN_LIMIT = 8 * 2**20  # an answer kept to learn from is at most this large
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-    }
-)
+_HOP_BY_HOP = HOP_BY_HOP | {"host"}  # the engine's own host, not the gateway's
 _NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")
 _END = b""  # the end of a request body in the queue
 _clients: dict[asyncio.AbstractEventLoop, AsyncHTTPClient] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -26,11 +25,11 @@ from sandfork.gateway.fleet_handlers import (
     SandboxesHandler,
     SnapshotsHandler,
 )
-from sandfork.gateway.keys import load_or_create_key
 from sandfork.gateway.relay import RelayHandler
 from sandfork.gateway.websockets import UpgradeUnderSandbox, WebSocketRelay
 from sandfork.paths import state_dir
 from sandfork.protocol import routes
+from sandfork.serving import load_or_create_key, publish
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("tornado.access")
@@ -93,20 +92,15 @@ async def serve(config: GatewayConfig) -> None:
     runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
     home.chmod(0o700)
     runtime.chmod(0o700)
-    api_key = config.api_key or load_or_create_key(runtime / "api_key")
+    api_key = config.api_key or load_or_create_key(runtime / "api_key", "sfg_")
     if not config.engine_keys:
         log.warning("no engine_keys configured: no engine can register with this gateway")
     fleet = Fleet(dict(config.engine_keys), config.missed_heartbeats)
     sockets = bind_sockets(config.port, address=config.ip)
     http = HTTPServer(make_app(fleet, config, api_key), idle_connection_timeout=60)
     http.add_sockets(sockets)
-    port = sockets[0].getsockname()[1]
-    host = f"[{config.ip}]" if ":" in config.ip else config.ip
-    url = f"http://{host}:{port}"
     info = runtime / "gateway.json"
-    partial = runtime / f".gateway.json.{os.getpid()}"
-    partial.write_text(json.dumps({"url": url, "pid": os.getpid()}))
-    partial.rename(info)
+    url = publish(sockets, config.ip, info)
     log.info("sandfork gateway on %s (%d engine keys)", url, len(config.engine_keys))
     watcher = asyncio.create_task(_watch_liveness(fleet))
     stop = asyncio.Event()
