@@ -17,7 +17,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from traitlets.config import Config, Configurable
 
-from sandfork.client import EngineClient, EngineConnection, SyncEngineClient, run_sync
+from sandfork.client import EngineClient, EngineConnection, SyncEngineClient, on_caller, run_sync
 from sandfork.protocol import (
     AuthError,
     BadRequestError,
@@ -188,6 +188,47 @@ def test_run_sync_refuses_its_own_loop(stand_in: str) -> None:
 
     with pytest.raises(RuntimeError, match="own event loop"):
         run_sync(nested())
+
+
+def test_a_blocking_call_runs_its_callbacks_on_the_callers_thread(stand_in: str) -> None:
+    client = SyncEngineClient(stand_in, KEY)
+    seen: list[tuple[str, bool]] = []
+
+    def callback(method: str) -> None:  # calls the blocking client: only the caller may
+        seen.append((client.request("GET", "/echo")["method"], threading.current_thread() is me))
+
+    async def call_back_twice() -> str:
+        back = on_caller(callback)
+        assert back is not None
+        back("first")
+        back("second")
+        return "done"
+
+    me = threading.current_thread()
+    assert run_sync(call_back_twice()) == "done"
+    assert seen == [("GET", True), ("GET", True)]
+
+
+def test_a_failing_callback_ends_the_blocking_call_with_its_error(stand_in: str) -> None:
+    ran_on: list[str] = []
+
+    def callback() -> None:
+        raise ValueError("the caller's own bug")
+
+    async def call_back_then_wait() -> None:
+        back = on_caller(callback)
+        assert back is not None
+        back()
+        try:
+            await asyncio.Event().wait()  # would never end: the callback's failure cancels it
+        except asyncio.CancelledError:
+            ran_on.append("cancelled")
+            raise
+
+    with pytest.raises(ValueError, match="own bug"):
+        run_sync(call_back_then_wait())
+    run_sync(asyncio.sleep(0))  # the loop has handled the cancel by its next turn
+    assert ran_on == ["cancelled"]
 
 
 def test_a_stream_arrives_in_lines(stand_in: str) -> None:

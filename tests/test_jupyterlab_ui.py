@@ -9,6 +9,7 @@ Screenshots of the launcher, the toolbar and the side panel go to ``artifacts/``
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,16 @@ def _fork_one_branch(page: Page) -> None:
     confirmation = page.locator(".jp-Dialog", has_text=re.compile(r"into 1 branch notebook\?"))
     expect(confirmation).to_be_visible()
     _accept_dialog(page)
+
+
+@contextlib.contextmanager
+def _showing_the_listing_on_failure(lab: Lab) -> Iterator[None]:
+    """A failed check of the panel also shows what the server lists now."""
+    try:
+        yield
+    except AssertionError as e:
+        listing = lab.api("GET", "sandfork/api/snapshots")
+        raise AssertionError(f"{e}\nthe server lists now: {listing}") from e
 
 
 def _sessions_by_path(lab: Lab) -> dict[str, list[dict[str, Any]]]:
@@ -170,9 +181,10 @@ def test_snapshot_restore_and_fork_from_jupyterlab(
 
     page.locator('.jp-SideBar .lm-TabBar-tab[data-id="sandfork-snapshots"]').click()
     panel = page.locator("#sandfork-snapshots")
-    expect(panel.locator(".sandfork-Tree-snapshot")).to_have_count(1)
-    expect(panel.locator(".sandfork-Tree-sandbox")).to_have_count(3)
-    expect(panel.locator('[data-action="fork"]')).to_have_count(3)
+    with _showing_the_listing_on_failure(lab):
+        expect(panel.locator(".sandfork-Tree-snapshot")).to_have_count(1)
+        expect(panel.locator(".sandfork-Tree-sandbox")).to_have_count(3)
+        expect(panel.locator('[data-action="fork"]')).to_have_count(3)
     assert 200 in progress_polls  # the notifications followed the operations' steps
 
     panel.locator('.sandfork-Tree-snapshot [data-action="rename"]').click()

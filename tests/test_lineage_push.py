@@ -17,8 +17,10 @@ import requests
 from conftest import EngineProcess
 from jupyter_server_fixtures import (  # noqa: F401 (fixtures, found by name)
     attached,
+    call,
     jp_server_config,
     kernels_shut_down_after_the_test,
+    notebook,
     start_session,
 )
 from sandfork.sdk import Sandbox
@@ -107,5 +109,31 @@ async def test_the_server_pushes_lineage_events(
         while (await _next_lineage_event(ws, 180))["reason"] != "kernel":
             pass
         assert (await attached(jp_fetch, kernel_id))["sandbox"]["status"] == "running"
+    finally:
+        ws.close()
+
+
+@pytest.mark.vm
+async def test_a_branch_notebook_is_announced_once_its_session_names_it(
+    engine: EngineProcess, jp_serverapp: Any, jp_ws_fetch: Any, jp_fetch: Any
+) -> None:
+    """The branch's kernel attaches before its session joins it to the notebook: an event
+    for the attach alone would leave a panel that reloaded then without the notebook (and
+    its Fork button) until something else changed."""
+    await jp_serverapp.extension_manager.start_all_extensions()
+    kernel_id = await start_session(jp_fetch, "trunk.ipynb", "sandfork")
+    await attached(jp_fetch, kernel_id)
+    ws = await jp_ws_fetch("api", "events", "subscribe")
+    try:
+        body = {"kernel_id": kernel_id, "path": "trunk.ipynb", "notebook": notebook("x = 1")}
+        status, fork = await call(jp_fetch, "POST", "sandfork/api/forks", body)
+        assert status == 201, fork
+        [branch] = fork["branches"]
+        while (await _next_lineage_event(ws, 180))["reason"] != "session":
+            pass
+        status, listing = await call(jp_fetch, "GET", "sandfork/api/snapshots")
+        nodes = {n["id"]: n for n in listing["sandboxes"]}
+        assert nodes[branch["sandbox_id"]]["notebook_path"] == branch["path"]
+        assert nodes[branch["sandbox_id"]]["kernel_id"] == branch["kernel_id"]
     finally:
         ws.close()

@@ -5,7 +5,7 @@ facade (:class:`SyncEngineClient`), and the configurable that names the engine
 from sandfork.client.config import EngineConnection
 from sandfork.client.connection import Connection, resolve
 from sandfork.client.engine_client import EngineClient, Response
-from sandfork.client.sync import SyncEngineClient, blocking, run_sync
+from sandfork.client.sync import SyncEngineClient, blocking, on_caller, run_sync
 
 __all__ = [
     "Connection",
@@ -14,6 +14,7 @@ __all__ = [
     "Response",
     "SyncEngineClient",
     "blocking",
+    "on_caller",
     "resolve",
     "run_sync",
 ]

@@ -11,6 +11,7 @@ asynchronous methods instead and never starts that thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import queue
 import threading
@@ -28,6 +29,10 @@ _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
 _END = object()
+# Under a blocking call, the queue through which the caller's thread runs the user's callbacks.
+_caller_calls: contextvars.ContextVar[queue.SimpleQueue[Any] | None] = contextvars.ContextVar(
+    "sandfork_caller_calls", default=None
+)
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
@@ -43,12 +48,45 @@ def _background_loop() -> asyncio.AbstractEventLoop:
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the client's event loop thread and return its result (or raise its
-    exception); safe inside a running event loop and from any thread but that loop's own."""
+    exception); safe inside a running event loop and from any thread but that loop's own.
+
+    While it waits, the calling thread runs the callbacks :func:`on_caller` handed over, so
+    a callback may itself call the blocking SDK.
+    """
     loop = _background_loop()
     if threading.current_thread() is _thread:
         coro.close()
         raise RuntimeError("run_sync called on the client's own event loop: await instead")
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    async def run() -> T:
+        _caller_calls.set(calls)
+        return await coro
+
+    future = asyncio.run_coroutine_threadsafe(run(), loop)
+    future.add_done_callback(lambda _: calls.put(_END))
+    try:
+        while (call := calls.get()) is not _END:
+            function, args = call
+            function(*args)
+    except BaseException:
+        future.cancel()  # a callback failed (or the caller was interrupted): the call stops
+        raise
+    return future.result()
+
+
+def on_caller(callback: Callable[P, None] | None) -> Callable[P, None] | None:
+    """``callback`` as the SDK should call it from a coroutine: under a blocking call, queued
+    to run on the caller's thread (in order); under ``await``, as it is."""
+    calls = _caller_calls.get()
+    if callback is None or calls is None:
+        return callback
+    function = callback
+
+    def hand_over(*args: P.args, **kwargs: P.kwargs) -> None:
+        calls.put((functools.partial(function, *args, **kwargs), ()))
+
+    return hand_over
 
 
 def blocking(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:

@@ -45,6 +45,8 @@ class SandforkExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         """Make the service the handlers use."""
         engine = EngineConnection.of(self, self.log).client()
+        serverapp: Any = self.serverapp
+        self.events = LineageEvents(serverapp.event_logger, engine, serverapp.kernel_manager)
         service = SandforkService(
             self.serverapp,
             engine,
@@ -52,10 +54,9 @@ class SandforkExtension(ExtensionApp):
             self.max_branches,
             self.lease_seconds,
             self.max_json_depth,
+            self.events.emit,
         )
         self.settings["sandfork_service"] = service
-        serverapp: Any = self.serverapp
-        self.events = LineageEvents(serverapp.event_logger, engine, serverapp.kernel_manager)
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Start pushing lineage events, once the server's event loop runs."""

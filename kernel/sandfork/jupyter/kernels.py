@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import posixpath
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,10 @@ class KernelSandbox:
     sandbox_id: str
     context: str
     checkpoints: dict[str, Any]  # the kernel's: enabled, kept, lineage
+
+
+# Each kernel's last answer, for a listing while it is too busy to answer in time.
+_last_answer: weakref.WeakKeyDictionary[Any, KernelSandbox] = weakref.WeakKeyDictionary()
 
 
 def is_sandfork_spec(kernel_spec_manager: Any, name: str) -> bool:
@@ -97,8 +102,17 @@ async def sandbox_kernels(kernel_manager: Any) -> dict[str, str]:
             kernel = kernel_manager.get_kernel(kernel_id)
             if is_sandfork_spec(specs, kernel.kernel_name):
                 kernels.append(kernel)
-    answers = await asyncio.gather(*(_ask(kernel, ASK_TIMEOUT) for kernel in kernels))
+    answers = await asyncio.gather(*(_ask_or_recall(kernel) for kernel in kernels))
     return {found.sandbox_id: found.kernel_id for found in answers if found is not None}
+
+
+async def _ask_or_recall(kernel: Any) -> KernelSandbox | None:
+    """The kernel's answer; if it gives none in time (a loaded machine), its last one."""
+    found = await _ask(kernel, ASK_TIMEOUT)
+    if found is None:
+        return _last_answer.get(kernel)
+    _last_answer[kernel] = found
+    return found
 
 
 async def start_attached(

@@ -2,10 +2,12 @@
 (``urn:sandfork:lineage:v1``) whenever what the panel draws may have changed, which
 JupyterLab receives over the bus's WebSocket (``/api/events/subscribe``) instead of polling.
 
-Two sources: the engine's change feed (``GET /v1/changes``, long-polled: snapshots and
-sandboxes changed by anyone, checkpoints and hibernation included), and kernels of this
-server that start or restart (Jupyter Server's own ``kernel_actions`` event; ours follows
-once the kernel has attached to its sandbox, when the panel can place its notebook).
+Three sources: the engine's change feed (``GET /v1/changes``, long-polled: snapshots and
+sandboxes changed by anyone, checkpoints and hibernation included); kernels of this server
+that start or restart (Jupyter Server's own ``kernel_actions`` event; ours follows once the
+kernel has attached to its sandbox); and the notebooks a restore or fork opens, once their
+session joins the kernel to the notebook's path (which the panel shows, and which Jupyter
+Server announces by no event: it comes after the kernel attached).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ SCHEMA: dict[str, Any] = {
         "reason": {
             "title": "Why",
             "description": "'engine': the engine's snapshots or sandboxes changed; "
-            "'kernel': a kernel of this server attached to its sandbox.",
-            "enum": ["engine", "kernel"],
+            "'kernel': a kernel of this server attached to its sandbox; "
+            "'session': a restored or branch notebook's session was made.",
+            "enum": ["engine", "kernel", "session"],
         }
     },
 }

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import posixpath
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from jupyter_server.utils import ensure_async
@@ -80,6 +80,7 @@ class SandforkService:
         max_branches: int,
         lease_seconds: float,
         max_json_depth: int,
+        changed: Callable[[str], None],
     ) -> None:
         self.serverapp = serverapp
         self.engine = engine
@@ -88,6 +89,7 @@ class SandforkService:
         self.max_branches = max_branches
         self.lease_seconds = lease_seconds  # of a new notebook's sandbox until its kernel's
         self.max_json_depth = max_json_depth  # of request bodies and stored notebooks
+        self.changed = changed  # tells the panels what changed (LineageEvents.emit)
         self._naming = asyncio.Lock()  # picking a free name and writing it is one step
 
     @property
@@ -293,6 +295,7 @@ class SandforkService:
             await self.kernels.shutdown_kernel(kernel_id, now=True)
             raise
         undo.push_async_callback(self._delete_session, session["id"])
+        self.changed("session")  # the panel can name the kernel's notebook now
         return {"path": path, "sandbox_id": sandbox_id, "kernel_id": kernel_id, "session": session}
 
     async def _delete_session(self, session_id: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandfork.client import blocking
+from sandfork.client import blocking, on_caller
 from sandfork.protocol import SandboxInfo, routes
 from sandfork.sdk.client import Client, default_client
 from sandfork.sdk.errors import CommandFailed
@@ -179,9 +179,10 @@ class Sandbox(SandboxInfo):
     ) -> int:
         """Run a command, calling back with output as it arrives; return the exit code.
 
-        The callbacks run on the SDK's event loop: they must not call the blocking SDK.
+        Blocking, the callbacks run on the caller's thread and may call the blocking SDK;
+        awaited, they run on the event loop and must not block it.
         """
-        events = ExecEvents(on_stdout, on_stderr)
+        events = ExecEvents(on_caller(on_stdout), on_caller(on_stderr))
         await self.client.aio.fetch(
             "POST",
             routes.sandbox(self.id, "exec/stream"),
