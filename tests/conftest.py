@@ -28,8 +28,8 @@ pytest_plugins = ["pytest_jupyter.jupyter_server", "vm_guard"]
 
 BACKEND = os.environ.get("SANDFORK_TEST_BACKEND", "vm")
 """The backend the suite's engines run sandboxes on unless a test names one: ``vm`` (the
-whole suite) or ``container`` (the second pass of `scripts/test.sh`: the tests marked
-``portable``)."""
+first pass of `scripts/test.sh`, and a plain ``pytest``) or ``container`` (its second pass: the
+tests marked ``portable`` or ``any_backend``)."""
 
 SHIM = "sandfork.backends.container.shim"  # a container sandbox's process, as QEMU is a VM's
 

@@ -15,7 +15,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 from conftest import EngineProcess
 from sandfork.sdk import Sandbox
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.any_backend]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from conftest import EngineProcess
 from sandfork.sdk import Client, NotFoundError, ReplayMismatch, Sandbox, SandboxTimeout
 
-pytestmark = [pytest.mark.vm, pytest.mark.portable]
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 COUNTING = "echo run >> /root/count && wc -l < /root/count"
 

@@ -19,7 +19,7 @@ from sandfork.sdk import (
     explore,
 )
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 
 @pytest.fixture

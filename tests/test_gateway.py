@@ -76,7 +76,7 @@ def test_the_engines_register_with_their_capacity(
 
 
 @pytest.mark.vm
-@pytest.mark.portable
+@pytest.mark.any_backend
 def test_the_sdk_through_the_gateway(client: Client, fleet: dict[str, EngineProcess]) -> None:
     made: list[Sandbox] = []
     try:
@@ -117,7 +117,7 @@ def test_the_sdk_through_the_gateway(client: Client, fleet: dict[str, EngineProc
 
 
 @pytest.mark.vm
-@pytest.mark.portable
+@pytest.mark.any_backend
 def test_creates_go_where_the_most_memory_is_free(
     client: Client, gateway: GatewayProcess, fleet: dict[str, EngineProcess]
 ) -> None:
@@ -160,7 +160,7 @@ def _message(msg_type: str) -> dict[str, Any]:
 
 
 @pytest.mark.vm
-@pytest.mark.portable
+@pytest.mark.any_backend
 @pytest.mark.asyncio
 async def test_kernel_channels_through_the_gateway(client: Client, gateway: GatewayProcess) -> None:
     sandbox = await Sandbox.async_create(client=client)
@@ -189,7 +189,7 @@ async def test_kernel_channels_through_the_gateway(client: Client, gateway: Gate
 
 
 @pytest.mark.vm
-@pytest.mark.portable
+@pytest.mark.any_backend
 def test_the_pandastack_sdk_through_the_gateway(
     gateway: GatewayProcess, fleet: dict[str, EngineProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,7 +256,7 @@ def test_a_wrong_engine_key_is_refused(gateway: GatewayProcess) -> None:
 
 
 @pytest.mark.vm
-@pytest.mark.portable
+@pytest.mark.any_backend
 def test_a_silent_engine_s_sandboxes_are_dead_until_it_is_back(
     gateway: GatewayProcess,
     fleet: dict[str, EngineProcess],
@@ -295,7 +295,7 @@ def test_a_silent_engine_s_sandboxes_are_dead_until_it_is_back(
 
 
 @pytest.mark.vm
-@pytest.mark.portable
+@pytest.mark.any_backend
 @pytest.mark.asyncio
 async def test_the_port_proxy_through_the_gateway(client: Client, gateway: GatewayProcess) -> None:
     from test_ports import APP, APP_PORT, _listening
@@ -327,7 +327,7 @@ async def test_the_port_proxy_through_the_gateway(client: Client, gateway: Gatew
 
 
 @pytest.mark.vm
-@pytest.mark.portable
+@pytest.mark.any_backend
 def test_the_change_feed_moves_when_any_engine_s_does(
     client: Client, gateway: GatewayProcess, fleet: dict[str, EngineProcess]
 ) -> None:

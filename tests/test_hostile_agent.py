@@ -24,7 +24,7 @@ from conftest import EngineProcess
 from hostile_cases import BAD_FRAMES, FORGED_REPLIES, MIB
 from test_hostile_input import sandbox, send  # noqa: F401  (sandbox: a fixture)
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 MAX_OUTPUT = MIB  # the engine's default max_output_bytes
 
@@ -188,6 +188,7 @@ print("written")
 """
 
 
+@pytest.mark.vm_only  # takes the VM's serial port over (a container's agent has a socket)
 def test_a_guest_that_takes_the_agent_port_over_cannot_break_the_link(
     engine: EngineProcess,
 ) -> None:

@@ -24,6 +24,9 @@ from sandfork.sdk import Client, Inventory, Sandbox, Snapshot, Variable, diff
 # -- the guest's inventory, in-process --------------------------------------------------------
 
 
+pytestmark = pytest.mark.any_backend  # above the backend: runs once (on containers where they run)
+
+
 def listed(namespace: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """The inventory of ``namespace``, checked as the engine checks a guest's."""
     return engine_inventory.check(json.loads(guest.inventory(namespace, **kwargs)))

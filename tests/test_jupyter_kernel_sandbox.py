@@ -23,7 +23,7 @@ from jupyter_server_fixtures import (  # noqa: F401 (fixtures, found by name)
 )
 from sandfork.sdk import Snapshot
 
-pytestmark = [pytest.mark.vm, pytest.mark.portable]
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 # A kernel launcher that moves the connection file the server wrote into another directory
 # and runs the module named first on it there (as a kernel on another host would have it).

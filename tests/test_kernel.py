@@ -23,7 +23,7 @@ from kernel_client import stdout as _stdout
 from sandfork.protocol import SANDBOX_ID
 from sandfork.sdk import Sandbox
 
-pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env")]
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env"), pytest.mark.any_backend]
 
 
 class SandforkKernelTests(jupyter_kernel_test.KernelTests):

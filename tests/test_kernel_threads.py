@@ -14,7 +14,7 @@ from conftest import EngineProcess
 from kernel_client import execute, sandbox_id
 from sandfork.sdk import Snapshot
 
-pytestmark = [pytest.mark.vm, pytest.mark.portable, pytest.mark.usefixtures("kernel_engine_env")]
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend, pytest.mark.usefixtures("kernel_engine_env")]
 
 ZMQ_THREAD = "ZMQbg/"  # how libzmq names its I/O and reaper threads
 

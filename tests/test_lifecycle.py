@@ -17,7 +17,7 @@ from sandfork.sdk import (
     SandboxTimeout,
 )
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +166,7 @@ def test_files(sandbox: Sandbox) -> None:
         fs.read("/root/work/missing")
 
 
+@pytest.mark.vm_only  # QEMU's QMP socket and disk
 def test_kill_leaves_nothing_behind(engine: EngineProcess) -> None:
     client: Client = engine.client()
     sb = Sandbox.create(client=client)

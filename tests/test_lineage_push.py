@@ -25,6 +25,7 @@ from jupyter_server_fixtures import (  # noqa: F401 (fixtures, found by name)
 )
 from sandfork.sdk import Sandbox
 
+pytestmark = pytest.mark.any_backend  # above the backend: runs once (on containers where they run)
 LINEAGE = "urn:sandfork:lineage:v1"
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import EngineProcess
 from engine_load import run_load
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 CLIENTS = 4
 ROUNDS = 4  # the first warms up: the leak check sees 12 cycles, 36 sandboxes, 12 snapshots

@@ -15,7 +15,7 @@ from nbformat import NotebookNode
 
 from conftest import EngineProcess
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 _CELLS = [
     "print('hello from the notebook')",

@@ -14,7 +14,7 @@ from qemu.qmp import QMPClient
 
 from conftest import EngineProcess
 
-pytestmark = [pytest.mark.vm, pytest.mark.portable]
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 
 @pytest.fixture

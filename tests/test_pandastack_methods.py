@@ -21,7 +21,7 @@ from pandastack.sandbox import CodeContext, SandboxAPI, SandboxCommands, Sandbox
 import test_pandastack_compat
 from conftest import EngineProcess
 
-pytestmark = pytest.mark.portable  # every backend; the rows boot a sandbox, the table none
+pytestmark = pytest.mark.any_backend  # the rows boot a sandbox, the table none
 
 CLASSES = {
     "Sandbox": pandastack.Sandbox,

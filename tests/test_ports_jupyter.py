@@ -32,7 +32,7 @@ from jupyterlab_fixtures import (  # noqa: F401 (fixtures, found by name)
 from sandfork.sdk import Sandbox
 from test_ports import APP_PORT, SITE_PORT, serving
 
-pytestmark = [pytest.mark.vm, pytest.mark.portable]
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 
 @pytest.fixture(scope="module")

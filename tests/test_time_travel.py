@@ -18,7 +18,7 @@ from kernel_client import execute, kernel_sandbox, sandbox_id, stdout, wait_stat
 from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.sdk import Client, NotFoundError, Sandbox, Snapshot
 
-pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env"), pytest.mark.portable]
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kernel_engine_env"), pytest.mark.any_backend]
 
 NAMES = ("a", "b", "c", "d", "e")
 PRESENT = f"print(sorted(k for k in {NAMES!r} if k in globals()))"

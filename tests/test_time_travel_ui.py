@@ -32,7 +32,7 @@ from jupyterlab_fixtures import (  # noqa: F401 (fixtures, found by name)
     wait_for_notebook,
 )
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.any_backend]
 
 CELLS = [
     "import pandas as pd",

@@ -23,6 +23,7 @@ import pytest
 from conftest import EngineProcess
 from sandfork.protocol import routes
 
+pytestmark = pytest.mark.any_backend  # above the backend: runs once (on containers where they run)
 PACKAGE = Path(__file__).resolve().parent.parent / "typescript-sdk"
 VENV_BIN = Path(__file__).resolve().parent.parent / ".venv" / "bin"
 

@@ -77,7 +77,7 @@ def zoned_engine(tmp_path: Path, template: None) -> Iterator[EngineProcess]:
 
 
 @pytest.mark.vm
-@pytest.mark.portable
+@pytest.mark.any_backend
 @pytest.mark.usefixtures("built_package")
 def test_a_field_added_to_the_model_reaches_both_sdks(zoned_engine: EngineProcess) -> None:
     sandbox = Sandbox.create(client=zoned_engine.client())
