@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,8 +21,9 @@ import pytest_asyncio
 
 from engine_fake import Engines, FakeEngine, chain, set_status
 from sandfork.backends.agent_link import AgentErrorReply
-from sandfork.backends.fake import FakeHost
+from sandfork.backends.fake import DISK, STATE, FakeHost
 from sandfork.backends.fake_guest import TIMES_OUT
+from sandfork.engine.boot_captures import MANIFEST
 from sandfork.engine.db import Database
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, OverLimit, Timeout
 from sandfork.engine.execution import ShellCommand
@@ -717,6 +719,31 @@ async def test_a_boot_capture_that_fails_to_restore_is_rebuilt_once(
     assert sandbox.status == "running"
     assert (host.calls["boot_capture"], host.calls["restore"]) == (2, 2)
     assert [r.id for r in engine.db.all()] == [sandbox.id]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("damage", ["short", "garbled"])
+async def test_a_damaged_boot_capture_is_rebuilt_before_use(
+    engines: Engines, host: FakeHost, damage: str
+) -> None:
+    """The checks before every use: a file shorter than its manifest says, or the checksummed
+    file changed (the VM's own damage, a restore QEMU refuses, is test_boot_captures.py's)."""
+    engine = await engines.start(boot_captures=True)
+    await engine.services.sandboxes.kill((await engine.create()).id)
+    captures = engines.root / "boot-captures"
+    [first] = [p for p in captures.iterdir() if p.is_dir()]
+    # Damage the fake backend would not notice: it would start from this capture as it is.
+    if damage == "short":  # the same layer, one byte shorter
+        disk = first / DISK
+        disk.write_text(json.dumps(json.loads(disk.read_text()), separators=(",", ":")))
+    else:  # the checksummed file, as long as before
+        (first / STATE).write_text("[]")
+    sandbox = await engine.create()
+    assert sandbox.status == "running"
+    assert (host.calls["boot_capture"], host.calls["restore"]) == (2, 2)
+    generations = sorted(p.name for p in captures.iterdir() if p.is_dir())
+    assert generations == [first.name, f"{first.name}.1"]
+    assert not (first / MANIFEST).exists()  # discarded: never used again
 
 
 @pytest.mark.asyncio
