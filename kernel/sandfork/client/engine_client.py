@@ -7,16 +7,15 @@ import asyncio
 import json as jsonlib
 import os
 import urllib.parse
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from sandfork.client.connection import Connection, resolve
-from sandfork.client.resolver import NumericFirstResolver
+from sandfork.client.http_clients import RESOLVER, loop_http_client
 from sandfork.protocol import EngineUnreachable, SandforkError, error_for
 
 Body = bytes | str | IO[bytes] | None
@@ -24,13 +23,8 @@ StreamCallback = Callable[[bytes], object]
 
 STREAM_TIMEOUT = 24 * 3600.0  # whole-request limit of a streamed answer (exec stream, export)
 _MAX_CLIENTS = 64  # concurrent requests per event loop (explore runs many forks at once)
-_MAX_BODY = 1 << 40  # the engine bounds what it sends; tornado's default is 100 MB
 _CHUNK = 1 << 20
 _NO_BODY = ("GET", "DELETE", "HEAD", "OPTIONS")
-_RESOLVER = NumericFirstResolver()  # an engine's numeric address needs no executor thread
-_http_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncHTTPClient] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 @dataclass
@@ -148,7 +142,7 @@ class EngineClient:
             decompress_response=False,
         )
         try:
-            answer = await _http_client().fetch(request, raise_error=False)
+            answer = await loop_http_client(_MAX_CLIENTS).fetch(request, raise_error=False)
         except HTTPClientError as e:  # 599: the connection closed or timed out
             if e.code == 599 or e.response is None:
                 raise self._unreachable(conn, e) from e
@@ -177,7 +171,7 @@ class EngineClient:
                 HTTPRequest(url, headers=headers),
                 on_message_callback=on_message,
                 max_message_size=max_message_size,
-                resolver=_RESOLVER,
+                resolver=RESOLVER,
             )
         except HTTPClientError as e:
             raise _error(e.code, e.response.body if e.response is not None else b"") from e
@@ -207,21 +201,6 @@ class _StatusWatch:
             self.error_body += chunk
         elif self._on_chunk is not None:
             self._on_chunk(chunk)
-
-
-def _http_client() -> AsyncHTTPClient:
-    """The HTTP client of the running event loop (ours, not the process-wide shared one)."""
-    loop = asyncio.get_running_loop()
-    client = _http_clients.get(loop)
-    if client is None:
-        client = AsyncHTTPClient(
-            force_instance=True,
-            max_clients=_MAX_CLIENTS,
-            max_body_size=_MAX_BODY,
-            resolver=_RESOLVER,
-        )
-        _http_clients[loop] = client
-    return client
 
 
 def _file_producer(f: IO[bytes]) -> Callable[[Callable[[bytes], Any]], Any]:

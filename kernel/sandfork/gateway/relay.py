@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tornado import httputil
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
+from tornado.httpclient import HTTPRequest, HTTPResponse
 
-from sandfork.client.resolver import NumericFirstResolver
+from sandfork.client.http_clients import loop_http_client
 from sandfork.gateway.base import GatewayHandler
 from sandfork.gateway.fleet import Engine
 from sandfork.gateway.keys import CREDENTIALS
@@ -34,20 +34,7 @@ LEARN_LIMIT = 8 * 2**20  # an answer kept to learn from is at most this large
 _HOP_BY_HOP = HOP_BY_HOP | {"host"}  # the engine's own host, not the gateway's
 _NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")
 _END = b""  # the end of a request body in the queue
-_clients: dict[asyncio.AbstractEventLoop, AsyncHTTPClient] = {}
-
-
-def http_client() -> AsyncHTTPClient:
-    """The gateway's HTTP client of the running loop (no limit but the engines' own)."""
-    loop = asyncio.get_running_loop()
-    if loop not in _clients:
-        _clients[loop] = AsyncHTTPClient(
-            force_instance=True,
-            max_clients=1024,
-            max_body_size=1 << 40,
-            resolver=NumericFirstResolver(),
-        )
-    return _clients[loop]
+_MAX_CLIENTS = 1024  # concurrent requests to the engines (no limit but theirs)
 
 
 def upstream_headers(
@@ -88,7 +75,7 @@ def engine_request(
 async def fetch(handler: GatewayHandler, engine: Engine, request: HTTPRequest) -> HTTPResponse:
     """Send ``request``; a 502 naming the engine (now counted down) when it does not answer."""
     try:
-        response = await http_client().fetch(request, raise_error=False)
+        response = await loop_http_client(_MAX_CLIENTS).fetch(request, raise_error=False)
     except OSError as e:
         response = HTTPResponse(request, 599, error=e)
     if response.code == 599 and not handler._headers_written:
