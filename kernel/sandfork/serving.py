@@ -1,13 +1,32 @@
-"""What the engine and the gateway both do to serve: keep their API key, and publish the
-address they listen on in their runtime folder for local clients to find."""
+"""What the engine and the gateway both do to serve: keep their API key, check the key a
+request presents, and publish the address they listen on in their runtime folder for local
+clients to find."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import secrets
 import socket
 from pathlib import Path
+
+from tornado import httputil
+
+CREDENTIALS = ("authorization", "x-api-key")
+"""Request headers that carry a key (never relayed: the engine gets its own key)."""
+
+
+def presented_key(request: httputil.HTTPServerRequest) -> str:
+    """The key a request carries (``Authorization: Bearer`` or ``X-API-Key``), or ``""``."""
+    header = request.headers.get("Authorization", "")
+    token = header[7:] if header.lower().startswith("bearer ") else ""
+    return token or request.headers.get("X-API-Key", "")
+
+
+def key_matches(given: str, expected: str) -> bool:
+    """True when ``given`` is ``expected`` (compared in constant time)."""
+    return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
 
 
 def load_or_create_key(path: Path, prefix: str) -> str:

@@ -16,7 +16,6 @@ from tornado import web
 from sandfork import strict_json
 from sandfork.gateway.config import GatewayConfig
 from sandfork.gateway.fleet import Engine, Fleet
-from sandfork.gateway.keys import key_matches, presented_key
 from sandfork.protocol import (
     AuthError,
     ConflictError,
@@ -25,6 +24,7 @@ from sandfork.protocol import (
     error_for,
     kind_of,
 )
+from sandfork.serving import key_matches, presented_key
 
 KEY_REQUIRED = "missing or wrong API key (send Authorization: Bearer <key>)"
 

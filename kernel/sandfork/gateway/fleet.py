@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandfork.client import EngineClient
-from sandfork.gateway.keys import key_matches
 from sandfork.protocol import (
     SANDBOX_ID,
     SNAPSHOT_ID,
@@ -30,6 +29,7 @@ from sandfork.protocol import (
     SandforkError,
     routes,
 )
+from sandfork.serving import key_matches
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from tornado.httpclient import HTTPResponse
 
 from sandfork.gateway.base import GatewayHandler, engine_down, failure
 from sandfork.gateway.fleet import Engine
-from sandfork.gateway.keys import presented_key
 from sandfork.gateway.relay import engine_request, fetch, start_answer
 from sandfork.protocol import (
     DEFAULT_MEMORY_MB,
@@ -27,6 +26,7 @@ from sandfork.protocol import (
     is_snapshot_id,
     routes,
 )
+from sandfork.serving import presented_key
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from tornado.httpclient import HTTPRequest, HTTPResponse
 from sandfork.client.http_clients import loop_http_client
 from sandfork.gateway.base import GatewayHandler
 from sandfork.gateway.fleet import Engine
-from sandfork.gateway.keys import CREDENTIALS
 from sandfork.gateway.routing import Target, target
 from sandfork.http_relay import HOP_BY_HOP
 from sandfork.protocol import EngineUnreachable, SandforkError
+from sandfork.serving import CREDENTIALS
 
 STREAM_TIMEOUT = 24 * 3600.0  # whole-request limit: streams and downloads may be long
 LEARN_LIMIT = 8 * 2**20  # an answer kept to learn from is at most this large

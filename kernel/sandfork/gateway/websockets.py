@@ -19,10 +19,10 @@ from tornado.routing import Matcher
 
 from sandfork.gateway.base import KEY_REQUIRED
 from sandfork.gateway.fleet import Fleet
-from sandfork.gateway.keys import key_matches, presented_key
 from sandfork.gateway.relay import upstream_headers
 from sandfork.gateway.routing import sandbox_in, target
 from sandfork.protocol import AuthError, EngineUnreachable, SandforkError, error_for, kind_of
+from sandfork.serving import key_matches, presented_key
 
 _WS_ONLY = ("sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions")
 

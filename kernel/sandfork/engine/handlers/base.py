@@ -21,7 +21,6 @@ connection closed, so a client trickling a body cannot hold a connection for eve
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +36,7 @@ from sandfork.engine.handlers.validate import field, timeout_field
 from sandfork.engine.sandboxes import SandboxService
 from sandfork.engine.snapshots import SnapshotService
 from sandfork.protocol import ErrorKind
+from sandfork.serving import key_matches, presented_key
 
 __all__ = [
     "API_KEY_REQUIRED",
@@ -62,10 +62,7 @@ def error_answer(message: str, kind: ErrorKind) -> dict[str, str]:
 
 def has_api_key(request: httputil.HTTPServerRequest, expected: str) -> bool:
     """True when the request carries the engine's API key (``Authorization`` or ``X-API-Key``)."""
-    header = request.headers.get("Authorization", "")
-    token = header[7:] if header.lower().startswith("bearer ") else ""
-    token = token or request.headers.get("X-API-Key", "")
-    return bool(token) and hmac.compare_digest(token.encode(), expected.encode())
+    return key_matches(presented_key(request), expected)
 
 
 class _BodyClock:
