@@ -233,3 +233,20 @@ def test_file_reads_must_fit_one_frame_of_the_agent_link() -> None:
     app.initialize([f"--EngineConfig.max_file_bytes={MAX_FILE_BYTES}"])
     assert app.engine_config().max_file_bytes == MAX_FILE_BYTES
     assert (MAX_FILE_BYTES + 2) // 3 * 4 + 2**10 < MAX_FRAME
+
+
+@pytest.mark.parametrize("where", ["command line", "config file"])
+def test_a_misspelt_setting_stops_the_engine_with_one_line(clean_env: Path, where: str) -> None:
+    """traitlets alone only warns, and the engine would run without the setting."""
+    argv = [sys.executable, "-m", "sandfork", "serve", "--port", "0"]
+    if where == "command line":
+        argv.append("--EngineConfig.max_sandboxs=3")
+    else:
+        (clean_env / f"{CONFIG_FILE_NAME}.py").write_text("c.EngineConfig.max_sandboxs = 3\n")
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.splitlines()[0] == (
+        "sandfork: error: unknown setting: EngineConfig.max_sandboxs "
+        "(did you mean EngineConfig.max_sandboxes?)"
+    ), result.stderr
+    assert "Traceback" not in result.stderr

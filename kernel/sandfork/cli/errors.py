@@ -56,6 +56,7 @@ def describe(error: BaseException) -> Failure | None:
 
     from sandfork.backends.container.criu import CriuError
     from sandfork.engine.cli import EngineConfigError
+    from sandfork.gateway.cli import GatewayConfigError
     from sandfork.sdk.errors import SandforkError
     from sandfork.templates.errors import TemplateError
 
@@ -63,6 +64,8 @@ def describe(error: BaseException) -> Failure | None:
         return Failure("interrupted", "", 130)
     if isinstance(error, EngineConfigError | TraitError):
         return Failure(str(error), "`sandfork serve --help-all` lists every setting and its type")
+    if isinstance(error, GatewayConfigError):
+        return Failure(str(error), "`sandfork gateway --help-all` lists every setting")
     if isinstance(error, SandforkError):
         return Failure(str(error), _sdk_hint(error))
     if isinstance(error, TemplateError):

@@ -30,6 +30,7 @@ from traitlets import Enum, List, TraitError, TraitType, Unicode
 from traitlets.config import Application, Config
 from traitlets.config.loader import KVArgParseConfigLoader
 
+from sandfork.config_checks import unknown_settings
 from sandfork.engine.config import EngineConfig
 from sandfork.paths import config_dir
 
@@ -179,6 +180,8 @@ class SandforkEngineApp(Application):
 
     def engine_config(self) -> EngineConfig:
         """The engine's settings as configured."""
+        if (wrong := unknown_settings(self)) is not None:
+            raise EngineConfigError(wrong)
         try:
             return EngineConfig(parent=self)
         except TraitError as e:

@@ -17,6 +17,7 @@ from typing import Any
 from traitlets import TraitError, Unicode
 from traitlets.config import Application
 
+from sandfork.config_checks import unknown_settings
 from sandfork.gateway.config import GatewayConfig
 from sandfork.paths import config_dir
 
@@ -67,6 +68,8 @@ class SandforkGatewayApp(Application):
         """Run the gateway until SIGINT/SIGTERM."""
         from sandfork.gateway.server import serve
 
+        if (wrong := unknown_settings(self)) is not None:
+            raise GatewayConfigError(wrong)
         try:
             config = GatewayConfig(parent=self)
         except TraitError as e:
