@@ -32,6 +32,7 @@ from traitlets.config.loader import KVArgParseConfigLoader
 
 from sandfork.engine.config import EngineConfig
 from sandfork.paths import config_dir
+from sandfork.store.config import S3Store
 
 __all__ = [
     "CONFIG_FILE_NAME",
@@ -101,7 +102,7 @@ class SandforkEngineApp(Application):
         "sandfork serve --EngineConfig.max_sandboxes=8 --egress-allow 10.1.2.3/32\n"
         "sandfork serve --show-config"
     )
-    classes = [EngineConfig]  # noqa: RUF012 (traitlets' own class attribute)
+    classes = [EngineConfig, S3Store]  # noqa: RUF012 (traitlets' own class attribute)
     aliases = {  # noqa: RUF012
         **Application.aliases,
         "config": "SandforkEngineApp.config_file",

@@ -1,11 +1,11 @@
-"""The object store on an S3-compatible server (AWS S3, SeaweedFS, MinIO, Ceph…), and its
-configuration.
+"""The object store on an S3-compatible server (AWS S3, SeaweedFS, MinIO, Ceph…).
 
 boto3 is the client: it is the reference implementation of S3's signing and error codes, it
 sends the conditional ``If-None-Match: *`` put (botocore ≥ 1.35) that a manifest needs, and it
 is synchronous, which suits uploads that run in a worker thread. Credentials come from the
 standard places boto3 reads (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` in the
-environment, a Kubernetes Secret mapped there, a profile), never from the engine's options.
+environment, a Kubernetes Secret mapped there, a profile), never from the engine's options
+(:class:`~sandfork.store.config.S3Store`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 import boto3
 import botocore.config
 import botocore.exceptions
-from traitlets import Unicode
-from traitlets.config import Configurable
 
+from sandfork.store.config import S3Store
 from sandfork.store.objects import ObjectMissing, StoreError
 
 if TYPE_CHECKING:
@@ -34,22 +33,6 @@ _REFUSED_CREDENTIALS = {
     "InvalidToken",
     "ExpiredToken",
 }
-
-
-class S3Store(Configurable):
-    """Where the engine's snapshots go when ``EngineConfig.snapshot_store = "s3"``."""
-
-    endpoint_url = Unicode(
-        "", help="URL of the S3-compatible server, e.g. http://127.0.0.1:8333 (empty: AWS)."
-    ).tag(config=True)
-    bucket = Unicode("", help="The bucket that holds the chunks and manifests.").tag(config=True)
-    region = Unicode("us-east-1", help="The bucket's region (what requests are signed for).").tag(
-        config=True
-    )
-    prefix = Unicode(
-        "sandfork/",
-        help="Where in the bucket this fleet's objects go (several fleets may share a bucket).",
-    ).tag(config=True)
 
 
 def _code(error: botocore.exceptions.ClientError) -> str:
