@@ -15,9 +15,10 @@ import pytest
 from s3_server import BUCKET, SeaweedS3, new_prefix, s3_server
 from sandfork.store.cache import ChunkCache
 from sandfork.store.chunks import ChunkStore, chunk_key, manifest_key
+from sandfork.store.config import S3Store
 from sandfork.store.manifest import CHUNK_SIZE, FORMAT, ManifestError
 from sandfork.store.objects import FolderObjects, ObjectStore, StoreError
-from sandfork.store.s3 import S3Objects, S3Store
+from sandfork.store.s3 import S3Objects
 
 __all__ = ["s3_server"]
 
