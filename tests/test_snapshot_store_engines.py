@@ -127,7 +127,7 @@ def test_an_upload_the_store_cut_off_resumes_after_an_engine_restart(
         wait_for_storage(a, snapshot_id, "durable")
         assert f"resuming the upload of snapshot {snapshot_id}" in log.read_text()
     finally:
-        box.kill()
+        a.client().request("DELETE", f"/sandboxes/{box.id}")  # the restarted engine's address
 
 
 @pytest.mark.parametrize(

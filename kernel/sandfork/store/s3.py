@@ -47,7 +47,8 @@ class S3Objects:
             raise StoreError("snapshot_store = s3 needs a bucket: set --S3Store.bucket")
         self.bucket = config.bucket
         self.prefix = config.prefix
-        self.where = f"s3://{config.bucket}/{config.prefix} at {config.endpoint_url or 'AWS'}"
+        self.endpoint = config.endpoint_url or "AWS"
+        self.where = f"s3://{config.bucket}/{config.prefix} on {self.endpoint}"
         # A session of its own: boto3's default one keeps the first credentials it found.
         self._client: S3Client = boto3.session.Session().client(
             "s3",
@@ -65,7 +66,7 @@ class S3Objects:
         if isinstance(e, botocore.exceptions.ClientError):
             code = _code(e)
             if code == "NoSuchBucket":
-                return StoreError(f"the bucket {self.bucket!r} does not exist ({self.where})")
+                return StoreError(f"the bucket {self.bucket!r} does not exist on {self.endpoint}")
             if code in _REFUSED_CREDENTIALS:
                 return StoreError(
                     f"the S3 server refused this engine's credentials ({code}) for {what} in "
@@ -77,7 +78,7 @@ class S3Objects:
                 f"no S3 credentials for {self.where}: set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY"
             )
-        return StoreError(f"the S3 server at {self.where} cannot be reached for {what}: {e}")
+        return StoreError(f"the S3 server {self.endpoint} cannot be reached for {what}: {e}")
 
     @contextlib.contextmanager
     def _errors(self, what: str, absent: str | None = None) -> Iterator[None]:
