@@ -1,0 +1,146 @@
+"""The engine's rules for the snapshot store (issue 24), in this process on the fake backend
+(see ``tests/engine_fake.py``) with a folder as the bucket: what is uploaded and when it is
+durable, what a fetch registers, and what a fetch refuses from a bucket others may write."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from engine_fake import Engines, FakeEngine
+from sandfork.backends.fake import FakeHost
+from sandfork.engine.errors import ApiError, Conflict, NotFound
+from sandfork.protocol import SnapshotStorage
+from sandfork.store.cache import ChunkCache
+from sandfork.store.chunks import ChunkStore, manifest_key
+from sandfork.store.objects import FolderObjects
+
+HANG = 60.0  # seconds: a bound for a hang, not a speed
+
+
+@pytest.fixture
+def host() -> Iterator[FakeHost]:
+    fake = FakeHost()
+    yield fake
+    fake.close()
+
+
+@pytest_asyncio.fixture
+async def pair(tmp_path: Path, host: FakeHost) -> AsyncIterator[tuple[FakeEngine, FakeEngine]]:
+    """Two engines, each with its own state folder, sharing one bucket."""
+    bucket = FolderObjects(tmp_path / "bucket")
+    runs = [Engines(tmp_path / name, host) for name in ("a", "b")]
+    engines = [
+        await run.start(chunks=ChunkStore(bucket, ChunkCache(tmp_path / f"cache-{i}", 2**24)))
+        for i, run in enumerate(runs)
+    ]
+    yield engines[0], engines[1]
+    for run in runs:
+        await run.close()
+
+
+async def uploaded(engine: FakeEngine) -> None:
+    uploads = engine.services.uploads
+    assert uploads is not None
+    await asyncio.wait_for(uploads.idle.wait(), HANG)
+
+
+async def durable_snapshot(a: FakeEngine) -> str:
+    box = await a.create()
+    await a.write(box.id, "/root/note.txt", b"from A")
+    snap = await a.services.snapshots.snapshot(box.id, "travels")
+    assert snap.storage == SnapshotStorage.UPLOADING
+    await uploaded(a)
+    assert a.store.get(snap.id).storage == SnapshotStorage.DURABLE
+    await a.services.sandboxes.kill(box.id)
+    return snap.id
+
+
+@pytest.mark.asyncio
+async def test_a_durable_snapshot_restores_on_another_engine_as_its_own(
+    pair: tuple[FakeEngine, FakeEngine],
+) -> None:
+    a, b = pair
+    snapshot_id = await durable_snapshot(a)
+    assert not b.store.has(snapshot_id)
+    copy = await b.restore(snapshot_id)
+    assert await b.read(copy.id, "/root/note.txt") == b"from A"
+    fetched = b.store.get(snapshot_id)
+    assert (fetched.name, fetched.storage) == ("travels", SnapshotStorage.DURABLE)
+    layers = b.layers()  # every layer the database lists is on disk, and only those
+    assert Path(fetched.disk) in layers and all(p.parent == b.store.layers_dir for p in layers)
+    assert list((b.home / "tmp").iterdir()) == []
+    await b.services.sandboxes.kill(copy.id)
+
+
+@pytest.mark.asyncio
+async def test_hidden_captures_stay_local(pair: tuple[FakeEngine, FakeEngine]) -> None:
+    a, _ = pair
+    box = await a.create()
+    children = await a.services.snapshots.fork(box.id, 1, metadata={}, reseed_python=False)
+    await uploaded(a)
+    assert a.chunks is not None and a.chunks.objects.keys("manifests/") == []
+    for sandbox in [box, *children]:
+        await a.services.sandboxes.kill(sandbox.id)
+
+
+@pytest.mark.asyncio
+async def test_a_snapshot_in_neither_place_is_a_404(pair: tuple[FakeEngine, FakeEngine]) -> None:
+    _, b = pair
+    with pytest.raises(NotFound, match="not here, nor in the snapshot store"):
+        await b.restore("snap_0123456789abcdef")
+
+
+def tamper(engine: FakeEngine, snapshot_id: str, edit: dict[str, object]) -> None:
+    """Rewrite the bucket's manifest of ``snapshot_id`` as a hostile writer would."""
+    assert engine.chunks is not None
+    objects = engine.chunks.objects
+    doc = json.loads(objects.get(manifest_key(snapshot_id)))
+    entries = edit.pop("entries", None)
+    if callable(entries):
+        doc["entries"] = entries(doc["entries"])
+    doc["meta"] |= edit
+    objects.put(manifest_key(snapshot_id), json.dumps(doc).encode())
+
+
+def link_state(entries: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The state file a link to a host file: the engine would read through it."""
+    for entry in entries:
+        if entry["name"] == "snapshot/state.json":
+            entry.clear()
+            entry |= {"name": "snapshot/state.json", "kind": "symlink", "mode": 0o777}
+            entry["target"] = "/etc/shadow"
+    return entries
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("edit", "refusal", "status"),
+    [
+        ({"entries": link_state}, "a symlink may only be in a disk layer", 502),
+        ({"disk_layers": 3}, "it lacks disk.", 502),
+        ({"entries": lambda e: [*e, {"name": "x", "kind": "dir", "mode": 448}]}, "'x'", 502),
+        ({"backend": "qemu"}, "meta.backend must be", 502),
+        ({"memory_mb": 10**9}, "meta.memory_mb must be an integer", 502),
+        ({"machine_key": "another-build"}, "taken on another build", 409),
+        ({"base": "other-key/rootfs.fake"}, "taken on another build", 409),
+    ],
+)
+async def test_a_tampered_manifest_is_refused_and_leaves_nothing(
+    pair: tuple[FakeEngine, FakeEngine], edit: dict[str, object], refusal: str, status: int
+) -> None:
+    a, b = pair
+    snapshot_id = await durable_snapshot(a)
+    tamper(a, snapshot_id, edit)
+    with pytest.raises(ApiError, match=refusal) as e:
+        await b.restore(snapshot_id)
+    assert e.value.status == status and (status != 409 or isinstance(e.value, Conflict))
+    assert not b.store.has(snapshot_id)
+    assert b.layers() == set()
+    assert list((b.home / "tmp").iterdir()) == []
+    assert [p.name for p in b.store.dir.iterdir()] == []
