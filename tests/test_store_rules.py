@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import stat
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -76,6 +79,57 @@ async def test_a_durable_snapshot_restores_on_another_engine_as_its_own(
     assert Path(fetched.disk) in layers and all(p.parent == b.store.layers_dir for p in layers)
     assert list((b.home / "tmp").iterdir()) == []
     await b.services.sandboxes.kill(copy.id)
+
+
+async def logged(caplog: pytest.LogCaptureFixture, text: str) -> None:
+    deadline = asyncio.get_running_loop().time() + HANG
+    while not any(text in r.getMessage() for r in caplog.records):
+        assert asyncio.get_running_loop().time() < deadline, f"never logged: {text}"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_an_upload_the_store_refused_resumes_after_a_restart(
+    tmp_path: Path, host: FakeHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    bucket = tmp_path / "bucket"
+    bucket.write_text("not a folder: every write fails")
+    runs = Engines(tmp_path / "a", host)
+    try:
+        a = await runs.start(
+            chunks=ChunkStore(FolderObjects(bucket), ChunkCache(tmp_path / "c", 0))
+        )
+        box = await a.create()
+        snap = await a.services.snapshots.snapshot(box.id)
+        await logged(caplog, f"upload of snapshot {snap.id} failed (attempt 1)")
+        assert a.store.get(snap.id).storage == SnapshotStorage.UPLOADING
+        await a.stop()  # an engine that stops with the upload not done
+        bucket.unlink()  # the store is back
+        again = await runs.restart(a)
+        await uploaded(again)
+        assert again.store.get(snap.id).storage == SnapshotStorage.DURABLE
+        assert FolderObjects(bucket).keys("manifests/") == [manifest_key(snap.id)]
+        await again.services.sandboxes.kill(box.id)
+    finally:
+        await runs.close()
+
+
+@pytest.mark.asyncio
+async def test_a_snapshot_that_cannot_be_stored_stays_local(
+    pair: tuple[FakeEngine, FakeEngine], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, _ = pair
+    box = await a.create()
+    snap = await a.services.snapshots.snapshot(box.id)
+    # Before the upload task runs (nothing awaited yet): a device node in the snapshot.
+    os.mknod(a.store.path(snap.id) / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    await uploaded(a)
+    assert a.store.get(snap.id).storage == SnapshotStorage.LOCAL
+    assert any("stays local" in r.getMessage() and "a device" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    assert a.chunks is not None and a.chunks.objects.keys("manifests/") == []
+    await a.services.sandboxes.kill(box.id)
 
 
 @pytest.mark.asyncio

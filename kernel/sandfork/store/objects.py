@@ -7,8 +7,10 @@ create-only-if-absent put that makes a manifest's appearance the moment a snapsh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -60,6 +62,19 @@ class FolderObjects:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    @contextlib.contextmanager
+    def _failing(self, what: str, absent: str | None = None) -> Iterator[None]:
+        """The folder's own failures (a full disk, a mount gone) as :class:`StoreError`s
+        (``absent``: the key whose absence is :class:`ObjectMissing`)."""
+        try:
+            yield
+        except FileNotFoundError as e:
+            if absent is not None:
+                raise ObjectMissing(f"no object {absent!r} in {self.root}") from None
+            raise StoreError(f"the store folder {self.root} failed {what}: {e}") from e
+        except OSError as e:
+            raise StoreError(f"the store folder {self.root} failed {what}: {e}") from e
+
     def check(self) -> None:
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -72,10 +87,8 @@ class FolderObjects:
         return _key_path(self.root, key).is_file()
 
     def get(self, key: str) -> bytes:
-        try:
+        with self._failing(f"a read of {key}", absent=key):
             return _key_path(self.root, key).read_bytes()
-        except FileNotFoundError:
-            raise ObjectMissing(f"no object {key!r} in {self.root}") from None
 
     def _staged(self, key: str, data: bytes) -> tuple[Path, Path]:
         path = _key_path(self.root, key)
@@ -88,18 +101,20 @@ class FolderObjects:
         return Path(tmp), path
 
     def put(self, key: str, data: bytes) -> None:
-        tmp, path = self._staged(key, data)
-        tmp.rename(path)
+        with self._failing(f"a write of {key}"):
+            tmp, path = self._staged(key, data)
+            tmp.rename(path)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        tmp, path = self._staged(key, data)
-        try:
-            os.link(tmp, path)  # fails if the name exists: the file system's create-only
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink()
+        with self._failing(f"a write of {key}"):
+            tmp, path = self._staged(key, data)
+            try:
+                os.link(tmp, path)  # fails if the name exists: the file system's create-only
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                tmp.unlink()
 
     def keys(self, prefix: str) -> list[str]:
         found = []
