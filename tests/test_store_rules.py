@@ -9,8 +9,10 @@ import json
 import logging
 import os
 import stat
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -20,7 +22,7 @@ from sandfork.backends.fake import FakeHost
 from sandfork.engine.errors import ApiError, Conflict, NotFound
 from sandfork.protocol import SnapshotStorage
 from sandfork.store.cache import ChunkCache
-from sandfork.store.chunks import ChunkStore, manifest_key
+from sandfork.store.chunks import ChunkStore, Uploaded, manifest_key
 from sandfork.store.objects import FolderObjects
 
 HANG = 60.0  # seconds: a bound for a hang, not a speed
@@ -111,6 +113,56 @@ async def test_an_upload_the_store_refused_resumes_after_a_restart(
         assert again.store.get(snap.id).storage == SnapshotStorage.DURABLE
         assert FolderObjects(bucket).keys("manifests/") == [manifest_key(snap.id)]
         await again.services.sandboxes.kill(box.id)
+    finally:
+        await runs.close()
+
+
+class HeldObjects(FolderObjects):
+    """A bucket whose first chunk write waits until the test lets it go on."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.writing = threading.Event()
+        self.go_on = threading.Event()
+        self.chunk_writes = 0
+
+    def put(self, key: str, data: bytes) -> None:
+        self.chunk_writes += 1
+        self.writing.set()
+        assert self.go_on.wait(HANG)
+        super().put(key, data)
+
+
+class WatchedChunks(ChunkStore):
+    """A chunk store that says when an upload's worker thread is done with it."""
+
+    ended = threading.Event()
+
+    def upload(self, *args: Any, **kwargs: Any) -> Uploaded:
+        try:
+            return super().upload(*args, **kwargs)
+        finally:
+            self.ended.set()
+
+
+@pytest.mark.asyncio
+async def test_a_stopping_engine_cuts_the_upload_in_flight_short(
+    tmp_path: Path, host: FakeHost
+) -> None:
+    objects = HeldObjects(tmp_path / "bucket")
+    runs = Engines(tmp_path / "a", host)
+    try:
+        a = await runs.start(chunks=WatchedChunks(objects, ChunkCache(tmp_path / "c", 0)))
+        box = await a.create()
+        await a.write(box.id, "/root/big", os.urandom(12 * 2**20))  # several chunks
+        await a.services.snapshots.snapshot(box.id)
+        assert await asyncio.to_thread(objects.writing.wait, HANG)
+        assert a.services.uploads is not None
+        await a.services.uploads.stop()  # returns while the first chunk is being written
+        objects.go_on.set()
+        assert await asyncio.to_thread(WatchedChunks.ended.wait, HANG)
+        assert objects.chunk_writes == 1 and objects.keys("manifests/") == []
+        await a.services.sandboxes.kill(box.id)
     finally:
         await runs.close()
 

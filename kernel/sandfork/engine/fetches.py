@@ -111,7 +111,7 @@ class Fetches:
         try:
             await asyncio.to_thread(self.chunks.fetch, manifest, folder)
             self._register(snapshot_id, manifest, meta, backend, built, base, folder)
-        except (ManifestError, ImageError) as e:
+        except (ManifestError, ImageError, IsADirectoryError, NotADirectoryError) as e:
             raise ApiError(f"snapshot {snapshot_id} cannot be restored: {e}", 502) from e
         except StoreError as e:
             raise ApiError(f"fetching snapshot {snapshot_id} failed: {e}", 502) from e

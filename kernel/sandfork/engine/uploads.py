@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from sandfork.engine.backends import Backends
 from sandfork.engine.db import SnapshotRecord
-from sandfork.engine.errors import ApiError
 from sandfork.engine.snapshot_store import SnapshotStore
 from sandfork.engine.stored import sources
 from sandfork.protocol import SnapshotStorage
@@ -34,6 +34,10 @@ RETRY_MOST = 60.0
 PROGRESS_STEP = 64 * 2**20  # bytes between two progress lines in the log
 
 
+class _Stopped(Exception):
+    """The engine is stopping: the upload in the worker thread gives up at its next chunk."""
+
+
 class Uploads:
     """The queue of snapshots going to ``chunks``, and the task that uploads them."""
 
@@ -45,6 +49,7 @@ class Uploads:
         self._task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()  # set while nothing waits to be uploaded
         self.idle.set()
+        self._stopping = threading.Event()
 
     def start(self) -> None:
         """Pick up what an earlier engine left ``uploading``, and start the uploads."""
@@ -55,7 +60,9 @@ class Uploads:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop uploading; what is left stays ``uploading`` for the next engine."""
+        """Stop uploading (the one in flight at its next chunk, so a stop never waits for a
+        large upload); what is left stays ``uploading`` for the next engine."""
+        self._stopping.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -82,10 +89,9 @@ class Uploads:
         pause = RETRY_FIRST
         attempt = 1
         while True:
-            try:
-                snap = self.store.get(snapshot_id)
-            except ApiError:
+            if not self.store.has(snapshot_id):
                 return  # deleted meanwhile
+            snap = self.store.get(snapshot_id)
             try:
                 files, meta = sources(snap, self.store, self.backends[snap.backend])
                 await asyncio.to_thread(self._send, snap.id, files, meta)
@@ -98,7 +104,7 @@ class Uploads:
                     snapshot_id, attempt, pause, e,
                 )  # fmt: skip
             except (OSError, ValueError) as e:
-                if snapshot_id in {s.id for s in self.store.all()}:
+                if self.store.has(snapshot_id):
                     log.error("snapshot %s stays local: it cannot be stored: %s", snapshot_id, e)
                     snap.storage = SnapshotStorage.LOCAL
                     self.store.db.put_snapshot(snap)
@@ -112,6 +118,8 @@ class Uploads:
         logged = [0]
 
         def progress(done: int, total: int) -> None:
+            if self._stopping.is_set():
+                raise _Stopped
             if done - logged[0] >= PROGRESS_STEP or done == total:
                 logged[0] = done
                 log.info(
