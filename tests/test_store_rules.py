@@ -136,7 +136,9 @@ class HeldObjects(FolderObjects):
 class WatchedChunks(ChunkStore):
     """A chunk store that says when an upload's worker thread is done with it."""
 
-    ended = threading.Event()
+    def __init__(self, objects: FolderObjects, cache: ChunkCache) -> None:
+        super().__init__(objects, cache)
+        self.ended = threading.Event()
 
     def upload(self, *args: Any, **kwargs: Any) -> Uploaded:
         try:
@@ -152,7 +154,8 @@ async def test_a_stopping_engine_cuts_the_upload_in_flight_short(
     objects = HeldObjects(tmp_path / "bucket")
     runs = Engines(tmp_path / "a", host)
     try:
-        a = await runs.start(chunks=WatchedChunks(objects, ChunkCache(tmp_path / "c", 0)))
+        chunks = WatchedChunks(objects, ChunkCache(tmp_path / "c", 0))
+        a = await runs.start(chunks=chunks)
         box = await a.create()
         await a.write(box.id, "/root/big", os.urandom(12 * 2**20))  # several chunks
         await a.services.snapshots.snapshot(box.id)
@@ -160,7 +163,7 @@ async def test_a_stopping_engine_cuts_the_upload_in_flight_short(
         assert a.services.uploads is not None
         await a.services.uploads.stop()  # returns while the first chunk is being written
         objects.go_on.set()
-        assert await asyncio.to_thread(WatchedChunks.ended.wait, HANG)
+        assert await asyncio.to_thread(chunks.ended.wait, HANG)
         assert objects.chunk_writes == 1 and objects.keys("manifests/") == []
         await a.services.sandboxes.kill(box.id)
     finally:
