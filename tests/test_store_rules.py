@@ -188,6 +188,21 @@ async def test_a_snapshot_that_cannot_be_stored_stays_local(
 
 
 @pytest.mark.asyncio
+async def test_two_restores_of_one_absent_snapshot_fetch_it_once(
+    pair: tuple[FakeEngine, FakeEngine], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    a, b = pair
+    snapshot_id = await durable_snapshot(a)
+    copies = await asyncio.gather(b.restore(snapshot_id), b.restore(snapshot_id))
+    fetched = [r for r in caplog.records if r.getMessage().startswith("fetched snapshot")]
+    assert len(fetched) == 1
+    for copy in copies:
+        assert await b.read(copy.id, "/root/note.txt") == b"from A"
+        await b.services.sandboxes.kill(copy.id)
+
+
+@pytest.mark.asyncio
 async def test_hidden_captures_stay_local(pair: tuple[FakeEngine, FakeEngine]) -> None:
     a, _ = pair
     box = await a.create()
