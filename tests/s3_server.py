@@ -9,6 +9,7 @@ bucket. :func:`s3_server` is a fixture of one server per test module.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ import pytest
 ACCESS_KEY = "sandfork-test"
 SECRET_KEY = "sandfork-test-secret"
 BUCKET = "sandfork-test"
+_PR_SET_PDEATHSIG = 1
 START_BOUND = 120.0  # seconds: a bound for a hang on a loaded machine, not a speed
 
 
@@ -42,6 +44,12 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def _die_with_parent() -> None:
+    """In the child before it runs weed: a test process that dies (SIGKILL, the OOM killer)
+    takes its server along instead of leaving it serving."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def weed_binary() -> str:
@@ -118,7 +126,11 @@ class SeaweedS3:
         """Start it (again) and wait until its S3 gateway lists the test bucket."""
         log = (self.root / "weed.log").open("ab")
         self.process = subprocess.Popen(
-            self.command, stdout=log, stderr=subprocess.STDOUT, cwd=self.root
+            self.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + START_BOUND
         client = self.client()
