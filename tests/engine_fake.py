@@ -25,6 +25,7 @@ from sandfork.engine.limits import Limits
 from sandfork.engine.services import Bounds, EngineServices
 from sandfork.engine.snapshot_store import SnapshotStore
 from sandfork.protocol import SandboxStatus
+from sandfork.store.chunks import ChunkStore
 from sandfork.templates import BuiltTemplate, TemplateSpec
 
 TEMPLATE = "code-interpreter"  # its spec is read; its image is the fake's small file
@@ -57,6 +58,7 @@ class FakeEngine:
     services: EngineServices
     boot_captures: bool
     limits: dict[str, int]  # what the test changed of :data:`LIMITS`
+    chunks: ChunkStore | None = None  # its snapshot store
 
     @property
     def home(self) -> Path:
@@ -122,11 +124,15 @@ class Engines:
         self._started: list[FakeEngine] = []
 
     async def start(
-        self, *, boot_captures: bool = False, limits: dict[str, int] | None = None
+        self,
+        *,
+        boot_captures: bool = False,
+        limits: dict[str, int] | None = None,
+        chunks: ChunkStore | None = None,
     ) -> FakeEngine:
         """An engine over the state folder (made if missing), started; ``limits`` change
-        those of :data:`LIMITS`."""
-        engine = build_engine(self.root, self.host, self.clock, boot_captures, limits or {})
+        those of :data:`LIMITS`; ``chunks`` is its snapshot store."""
+        engine = build_engine(self.root, self.host, self.clock, boot_captures, limits or {}, chunks)
         self._started.append(engine)
         await engine.services.start()
         return engine
@@ -141,7 +147,9 @@ class Engines:
             db = Database(engine.home / DB)
             edit(db)
             db.close()
-        return await self.start(boot_captures=engine.boot_captures, limits=engine.limits)
+        return await self.start(
+            boot_captures=engine.boot_captures, limits=engine.limits, chunks=engine.chunks
+        )
 
     async def close(self) -> None:
         """Stop every engine started."""
@@ -171,7 +179,12 @@ def template(root: Path) -> BuiltTemplate:
 
 
 def build_engine(
-    root: Path, host: FakeHost, clock: Clock, boot_captures: bool, limits: dict[str, int]
+    root: Path,
+    host: FakeHost,
+    clock: Clock,
+    boot_captures: bool,
+    limits: dict[str, int],
+    chunks: ChunkStore | None = None,
 ) -> FakeEngine:
     """The services of an engine over the state in ``root / "home"``, its sandboxes on
     ``host``, not started yet."""
@@ -189,11 +202,12 @@ def build_engine(
         Bounds(
             max_output=1 << 20, default_timeout=60.0, agent_timeout=30.0, max_file_bytes=1 << 25
         ),
+        chunks=chunks,
     )
     built = template(root)
     services.sandboxes.build_template = lambda spec: built
     services.sandboxes.leases = Leases(tick=TICK, clock=clock)
-    return FakeEngine(root, host, clock, db, services, boot_captures, limits)
+    return FakeEngine(root, host, clock, db, services, boot_captures, limits, chunks)
 
 
 def chain(disk: str | Path) -> list[Path]:

@@ -85,8 +85,8 @@ def _other_values() -> dict[tuple[str, str], Any]:
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """No engine setting from the environment; an empty user config folder."""
-    for _, name, _ in SETTINGS:
-        monkeypatch.delenv(env_name(name), raising=False)
+    for cls, name, _ in SETTINGS:
+        monkeypatch.delenv(env_name(name, cls), raising=False)
     monkeypatch.delenv(HOME_ENV, raising=False)
     config_dir = tmp_path / "config"
     config_dir.mkdir()
@@ -125,9 +125,10 @@ def test_every_setting_from_a_config_file_named_on_the_command_line(tmp_path: Pa
 
 def test_every_setting_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     values = _other_values()
-    for (_, name), value in values.items():
-        assert env_name(name) not in CLIENT_ENV
-        monkeypatch.setenv(env_name(name), _as_env(value))
+    classes = {cls.__name__: cls for cls in ENGINE_CLASSES}
+    for (cls, name), value in values.items():
+        assert env_name(name, classes[cls]) not in CLIENT_ENV
+        monkeypatch.setenv(env_name(name, classes[cls]), _as_env(value))
     assert _configured([]) == values
 
 

@@ -25,6 +25,11 @@ export type BootMode = "cold" | "template" | "snapshot";
 /** Every `BootMode`, in the protocol's order. */
 export const BOOT_MODES: readonly BootMode[] = ["cold", "template", "snapshot"];
 
+/** The values of `SnapshotStorage` on the wire. */
+export type SnapshotStorage = "local" | "uploading" | "durable";
+/** Every `SnapshotStorage`, in the protocol's order. */
+export const SNAPSHOT_STORAGES: readonly SnapshotStorage[] = ["local", "uploading", "durable"];
+
 /** The values of `ErrorKind` on the wire. */
 export type ErrorKind =
   | "auth"
@@ -92,6 +97,7 @@ export interface SnapshotInfo {
   contexts?: string[];
   metadata?: Record<string, string>;
   attachments?: string[];
+  storage?: SnapshotStorage;
 }
 
 /** What the engine answers a failed request with. */

@@ -58,6 +58,7 @@ def describe(error: BaseException) -> Failure | None:
     from sandfork.engine.cli import EngineConfigError
     from sandfork.gateway.cli import GatewayConfigError
     from sandfork.sdk.errors import SandforkError
+    from sandfork.store.objects import StoreError
     from sandfork.templates.errors import TemplateError
 
     if isinstance(error, KeyboardInterrupt):
@@ -74,6 +75,11 @@ def describe(error: BaseException) -> Failure | None:
         if str(error).startswith("unknown template"):
             hint = "`sandfork template list` shows the templates"
         return Failure(str(error), hint)
+    if isinstance(error, StoreError):
+        return Failure(
+            f"the snapshot store cannot be used: {error}",
+            "check --S3Store.endpoint_url, --S3Store.bucket and the AWS_* credentials",
+        )
     if isinstance(error, CriuError):
         return Failure(str(error), "`sandfork doctor` says what the container backend lacks")
     if isinstance(error, OSError):

@@ -9,7 +9,8 @@ lowest priority first:
    (``$SANDFORK_CONFIG_DIR`` or ``~/.config/sandfork``), each overriding the one before; then
    the file named by ``--config``;
 3. the environment (:func:`env_config`): ``SANDFORK_<NAME>`` for setting ``<name>``, e.g.
-   ``SANDFORK_STATE_DIR``, ``SANDFORK_RAM_DIR``, ``SANDFORK_MAX_SANDBOXES``;
+   ``SANDFORK_STATE_DIR``, ``SANDFORK_RAM_DIR``, ``SANDFORK_MAX_SANDBOXES``, and
+   ``SANDFORK_S3_<NAME>`` for ``S3Store.<name>`` (``SANDFORK_S3_BUCKET``);
    ``SANDFORK_HOME`` too names the state directory. The environment beats the files because
    the clients (SDK, ``sandfork env``) find the engine's state directory from it too;
 4. the command line: ``--EngineConfig.<name>=<value>`` for any setting, and the short
@@ -27,12 +28,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from traitlets import Enum, List, TraitError, TraitType, Unicode
-from traitlets.config import Application, Config
+from traitlets.config import Application, Config, Configurable
 from traitlets.config.loader import KVArgParseConfigLoader
 
 from sandfork.config_checks import unknown_settings
 from sandfork.engine.config import EngineConfig
 from sandfork.paths import config_dir
+from sandfork.store.config import S3Store
 
 __all__ = [
     "CONFIG_FILE_NAME",
@@ -59,9 +61,14 @@ def config_file_paths() -> list[str]:
     return [str(config_dir()), os.path.join(sys.prefix, "etc", "sandfork"), "/etc/sandfork"]
 
 
-def env_name(trait_name: str) -> str:
-    """The environment variable of one engine setting: ``SANDFORK_<NAME>``."""
-    return f"SANDFORK_{trait_name.upper()}"
+ENV_PREFIXES: dict[type[Configurable], str] = {EngineConfig: "SANDFORK_", S3Store: "SANDFORK_S3_"}
+"""Each configurable's environment variables: ``SANDFORK_<NAME>`` for the engine's own,
+``SANDFORK_S3_<NAME>`` for the S3 snapshot store's."""
+
+
+def env_name(trait_name: str, cls: type[Configurable] = EngineConfig) -> str:
+    """The environment variable of one setting of ``cls``."""
+    return f"{ENV_PREFIXES[cls]}{trait_name.upper()}"
 
 
 def _from_string(trait: TraitType[Any, Any], value: str) -> Any:
@@ -72,19 +79,23 @@ def _from_string(trait: TraitType[Any, Any], value: str) -> Any:
 
 def env_config(environ: Mapping[str, str]) -> Config:
     """The engine settings named in ``environ`` (empty variables count as unset)."""
-    settings: dict[str, Any] = {}
-    for name, trait in EngineConfig.class_traits(config=True).items():
-        var = env_name(name)
-        value = environ.get(var, "")
-        if name == "state_dir" and not value:
-            var, value = HOME_ENV, environ.get(HOME_ENV, "")
-        if not value:
-            continue
-        try:
-            settings[name] = _from_string(trait, value)
-        except (TraitError, ValueError) as e:
-            raise EngineConfigError(f"{var}={value!r}: {e}") from e
-    return Config({"EngineConfig": settings}) if settings else Config()
+    config = Config()
+    for cls in ENV_PREFIXES:
+        settings: dict[str, Any] = {}
+        for name, trait in cls.class_traits(config=True).items():
+            var = env_name(name, cls)
+            value = environ.get(var, "")
+            if cls is EngineConfig and name == "state_dir" and not value:
+                var, value = HOME_ENV, environ.get(HOME_ENV, "")
+            if not value:
+                continue
+            try:
+                settings[name] = _from_string(trait, value)
+            except (TraitError, ValueError) as e:
+                raise EngineConfigError(f"{var}={value!r}: {e}") from e
+        if settings:
+            config[cls.__name__] = Config(settings)
+    return config
 
 
 class SandforkEngineApp(Application):
@@ -102,7 +113,7 @@ class SandforkEngineApp(Application):
         "sandfork serve --EngineConfig.max_sandboxes=8 --egress-allow 10.1.2.3/32\n"
         "sandfork serve --show-config"
     )
-    classes = [EngineConfig]  # noqa: RUF012 (traitlets' own class attribute)
+    classes = [*ENV_PREFIXES]  # noqa: RUF012 (traitlets' own class attribute)
     aliases = {  # noqa: RUF012
         **Application.aliases,
         "config": "SandforkEngineApp.config_file",

@@ -201,6 +201,20 @@ class EngineConfig(LoggingConfigurable):
         "kernel; a kernel still busy with a cell then gets an inventory marked unavailable "
         "(the cell is not interrupted).",
     ).tag(config=True)
+    snapshot_store = Enum(
+        ["local", "s3"],
+        "local",
+        help="Where snapshots are kept. local: on this engine's disk only. s3: also in the "
+        "S3 bucket of the S3Store settings (--S3Store.endpoint_url, --S3Store.bucket; "
+        "credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), uploaded in the "
+        "background after each capture, so any engine sharing the bucket restores them.",
+    ).tag(config=True)
+    chunk_cache_mb = Int(
+        4096,
+        min=0,
+        help="Most disk, in MiB, the local cache of chunks fetched from the snapshot store "
+        "takes (least recently used out first).",
+    ).tag(config=True)
     gateway_url = Unicode(
         "",
         help="A gateway (sandfork gateway) this engine registers with and sends heartbeats "

@@ -75,6 +75,10 @@ class Limits:
                 "some sandboxes, or use the vm backend)"
             )
 
+    def free_bytes(self) -> int:
+        """The free space of the snapshot store's disk."""
+        return shutil.disk_usage(self.snapshots_dir).free
+
     def check_disk(self, estimate: int) -> None:
         """Refuse a capture of about ``estimate`` bytes (a fork's, say) past the free disk."""
         self._check_free(self.snapshots_dir, estimate, "the snapshot store")

@@ -108,31 +108,71 @@ def _object(value: object, where: str, required: set[str], optional: set[str]) -
     return checks.fields(value, where, required, _fail, optional)
 
 
-def _int(value: object, where: str, lo: int, hi: int) -> int:
-    return checks.integer(value, where, lo, hi, _fail)
+def _int(value: object, where: str, lo: int, hi: int, fail: checks.Fail = _fail) -> int:
+    return checks.integer(value, where, lo, hi, fail)
 
 
-def _str(value: object, where: str, pattern: re.Pattern[str]) -> str:
-    return checks.matching(value, where, pattern, _fail)
+def _str(value: object, where: str, pattern: re.Pattern[str], fail: checks.Fail = _fail) -> str:
+    return checks.matching(value, where, pattern, fail)
 
 
-def _checked(check: Callable[[str], str], value: object, where: str) -> str:
+def _checked(check: Callable[[str], str], value: object, where: str, fail: checks.Fail) -> str:
     if not isinstance(value, str):
-        raise _fail(f"{where} must be a string")
+        raise fail(f"{where} must be a string")
     try:
         return check(value)
     except (BadRequest, TemplateError) as e:
-        raise _fail(f"{where}: {e}") from e
+        raise fail(f"{where}: {e}") from e
 
 
-def _created_at(value: object) -> str:
+def _created_at(value: object, fail: checks.Fail) -> str:
     if not isinstance(value, str) or len(value) > 40:
-        raise _fail("snapshot.created_at must be an ISO 8601 time")
+        raise fail("snapshot.created_at must be an ISO 8601 time")
     try:
         datetime.datetime.fromisoformat(value)
     except ValueError as e:
-        raise _fail("snapshot.created_at must be an ISO 8601 time") from e
+        raise fail("snapshot.created_at must be an ISO 8601 time") from e
     return value
+
+
+def record_fields(snap: dict[str, Any], fail: checks.Fail) -> dict[str, Any]:
+    """The fields of a snapshot's record another engine wrote (``snap``: an object of
+    :data:`SNAPSHOT_FIELDS`' names), checked; its relations to that engine's snapshots and
+    sandboxes are dropped."""
+    if snap.get("parent_id") is not None:
+        _str(snap["parent_id"], "snapshot.parent_id", re.compile(SNAPSHOT_ID), fail)
+    if snap.get("name") is not None:
+        _checked(check_name, snap["name"], "snapshot.name", fail)
+    _int(snap.get("size_bytes", 0), "snapshot.size_bytes", 0, 2**62, fail)
+    contexts = snap.get("contexts", [])
+    if not isinstance(contexts, list) or len(contexts) > 256:
+        raise fail("snapshot.contexts must be a list of at most 256 context ids")
+    for i, ctx in enumerate(contexts):
+        _str(ctx, f"snapshot.contexts[{i}]", _CONTEXT_ID, fail)
+    metadata = snap.get("metadata", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise fail("snapshot.metadata must map strings to strings")
+    if len(json.dumps(metadata)) > 64 * 1024:
+        raise fail("snapshot.metadata is larger than 64 KiB")
+    attachments = snap.get("attachments", [])
+    if not isinstance(attachments, list) or len(set(map(str, attachments))) != len(attachments):
+        raise fail("snapshot.attachments must be a list of distinct file names")
+    for i, name in enumerate(attachments):
+        _checked(check_attachment_name, name, f"snapshot.attachments[{i}]", fail)
+    return {
+        "name": snap.get("name"),
+        "created_at": _created_at(snap["created_at"], fail),
+        "sandbox_id": _str(snap["sandbox_id"], "snapshot.sandbox_id", _SANDBOX_ID, fail),
+        "template": _checked(check_template_name, snap["template"], "snapshot.template", fail),
+        "parent_id": None,  # it names a snapshot of the other engine
+        "paused_ms": _int(snap.get("paused_ms", 0), "snapshot.paused_ms", 0, 2**31, fail),
+        "contexts": list(contexts),
+        # The other engine's relations name its sandboxes; a hibernation capture's would hide it.
+        "metadata": {k: v for k, v in metadata.items() if k not in ENGINE_METADATA_KEYS},
+        "attachments": list(attachments),
+    }
 
 
 def _snapshot_fields(
@@ -141,28 +181,7 @@ def _snapshot_fields(
     snap = _object(value, "snapshot", {"id", "created_at", "sandbox_id", "template", "vm"},
                    SNAPSHOT_FIELDS)  # fmt: skip
     original_id = _str(snap["id"], "snapshot.id", re.compile(SNAPSHOT_ID))
-    if snap.get("parent_id") is not None:
-        _str(snap["parent_id"], "snapshot.parent_id", re.compile(SNAPSHOT_ID))
-    if snap.get("name") is not None:
-        _checked(check_name, snap["name"], "snapshot.name")
-    _int(snap.get("size_bytes", 0), "snapshot.size_bytes", 0, 2**62)
-    contexts = snap.get("contexts", [])
-    if not isinstance(contexts, list) or len(contexts) > 256:
-        raise _fail("snapshot.contexts must be a list of at most 256 context ids")
-    for i, ctx in enumerate(contexts):
-        _str(ctx, f"snapshot.contexts[{i}]", _CONTEXT_ID)
-    metadata = snap.get("metadata", {})
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise _fail("snapshot.metadata must map strings to strings")
-    if len(json.dumps(metadata)) > 64 * 1024:
-        raise _fail("snapshot.metadata is larger than 64 KiB")
-    attachments = snap.get("attachments", [])
-    if not isinstance(attachments, list) or len(set(map(str, attachments))) != len(attachments):
-        raise _fail("snapshot.attachments must be a list of distinct file names")
-    for i, name in enumerate(attachments):
-        _checked(check_attachment_name, name, f"snapshot.attachments[{i}]")
+    fields = record_fields(snap, _fail)
     vm = _object(snap["vm"], "snapshot.vm", _VM_FIELDS, {"backend"})
     if vm.get("backend", "vm") != "vm":
         raise _fail("snapshot.vm.backend must be 'vm': only VM snapshots travel in files")
@@ -172,18 +191,6 @@ def _snapshot_fields(
         raise _fail("snapshot.vm.accelerator must be 'kvm' or 'tcg'")
     _int(vm["memory_mb"], "snapshot.vm.memory_mb", MIN_MEMORY_MB, limits.max_memory_mb)
     _int(vm["cpus"], "snapshot.vm.cpus", 1, limits.max_cpus)
-    fields = {
-        "name": snap.get("name"),
-        "created_at": _created_at(snap["created_at"]),
-        "sandbox_id": _str(snap["sandbox_id"], "snapshot.sandbox_id", _SANDBOX_ID),
-        "template": _checked(check_template_name, snap["template"], "snapshot.template"),
-        "parent_id": None,  # it names a snapshot of the other engine
-        "paused_ms": _int(snap.get("paused_ms", 0), "snapshot.paused_ms", 0, 2**31),
-        "contexts": list(contexts),
-        # The other engine's relations name its sandboxes; a hibernation capture's would hide it.
-        "metadata": {k: v for k, v in metadata.items() if k not in ENGINE_METADATA_KEYS},
-        "attachments": list(attachments),
-    }
     return original_id, fields, vm
 
 

@@ -21,6 +21,7 @@ from sandfork.engine.capture import Capturer
 from sandfork.engine.db import Database, Relations, SandboxRecord
 from sandfork.engine.egress_tunnel import EgressTunnels
 from sandfork.engine.errors import ApiError, BadRequest, Conflict
+from sandfork.engine.fetches import Fetches
 from sandfork.engine.lifecycle import Lifecycle
 from sandfork.engine.limits import Limits
 from sandfork.engine.registry import WATCH_TICK
@@ -65,6 +66,8 @@ class SandboxService(Lifecycle):
         self.build_template: Callable[[TemplateSpec], BuiltTemplate] = functools.partial(
             ensure_template, progress=False
         )
+        # Fetches a snapshot this engine lacks from the snapshot store (None: there is none).
+        self.fetches: Fetches | None = None
 
     async def start(self) -> None:
         """Adopt the sandboxes an earlier engine left running, then watch them.
@@ -198,7 +201,10 @@ class SandboxService(Lifecycle):
         relations: Relations | None = None,
     ) -> SandboxRecord:
         """A new sandbox resuming a snapshot: its kernels, memory, files and packages
-        (``relations``: to the sandboxes it comes from)."""
+        (``relations``: to the sandboxes it comes from). A snapshot that is not here but in
+        the snapshot store is fetched first."""
+        if self.fetches is not None:
+            await self.fetches.ensure(snapshot_id)
         with self.store.in_use(snapshot_id) as snap:
             await hold_point("restore.in_use")
             start = self.store.start_point(snap)

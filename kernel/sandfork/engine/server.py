@@ -62,6 +62,7 @@ from sandfork.engine.http_server import EngineHTTPServer
 from sandfork.engine.limits import Limits
 from sandfork.engine.package_sources import package_sources
 from sandfork.engine.services import Bounds, EngineServices
+from sandfork.engine.stored import open_store
 from sandfork.paths import cache_dir, state_dir
 from sandfork.protocol import CONTEXT_ID, SANDBOX_ID, SNAPSHOT_ID
 from sandfork.serving import load_or_create_key, publish
@@ -144,6 +145,7 @@ async def serve(config: EngineConfig) -> None:
     home.chmod(0o700)
     runtime = home / "run"
     api_key = load_or_create_key(runtime / "api_key", "sfk_")
+    chunks = open_store(config, home)  # a store that cannot be used stops the start here
     db = Database(home / "engine.sqlite")
     ram = Path(config.ram_dir) if config.ram_dir else default_ram_dir(home)
     ram.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -180,8 +182,11 @@ async def serve(config: EngineConfig) -> None:
             max_file_bytes=config.max_file_bytes,
             inventory_timeout=config.inventory_timeout,
             hibernate_wait=config.hibernate_wait,
+            max_memory_mb=config.max_memory_mb,
+            max_cpus=config.max_cpus,
         ),
         egress,
+        chunks,
     )
     await services.start()
     sockets = bind_sockets(config.port, address=config.ip)

@@ -27,11 +27,14 @@ from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
 from sandfork.engine.egress_tunnel import EgressTunnels
 from sandfork.engine.execution import ExecutionService
+from sandfork.engine.fetches import Fetches
 from sandfork.engine.ledger import Ledger
 from sandfork.engine.limits import Limits
 from sandfork.engine.sandboxes import SandboxService
 from sandfork.engine.snapshot_store import SnapshotStore
 from sandfork.engine.snapshots import SnapshotService
+from sandfork.engine.uploads import Uploads
+from sandfork.store.chunks import ChunkStore
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class Bounds:
     inventory_timeout: float = EngineConfig.inventory_timeout.default_value
     # seconds a hibernation waits for the work in its sandbox to end
     hibernate_wait: float = EngineConfig.hibernate_wait.default_value
+    # the largest sandbox a snapshot fetched from the snapshot store may restore into
+    max_memory_mb: int = EngineConfig.max_memory_mb.default_value
+    max_cpus: int = EngineConfig.max_cpus.default_value
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class EngineServices:
     sandboxes: SandboxService
     execution: ExecutionService
     snapshots: SnapshotService
+    uploads: Uploads | None = None
 
     @classmethod
     def build(
@@ -67,9 +74,12 @@ class EngineServices:
         limits: Limits,
         bounds: Bounds,
         egress: EgressTunnels | None = None,
+        chunks: ChunkStore | None = None,
     ) -> EngineServices:
         """The services of an engine whose state is in ``home`` (fork captures in the RAM
-        folder's ``scratch``); ``egress`` serves the sandboxes' egress channels."""
+        folder's ``scratch``); ``egress`` serves the sandboxes' egress channels; ``chunks``
+        is the snapshot store snapshots are uploaded to and fetched from (``None``: they
+        stay on this engine's disk)."""
         store = SnapshotStore(db, home, scratch)
         ledger = Ledger(db)
         capturer = Capturer(
@@ -98,13 +108,33 @@ class EngineServices:
             agent_timeout=bounds.agent_timeout,
             max_file_bytes=bounds.max_file_bytes,
         )
-        snapshots = SnapshotService(sandboxes, execution, store, ledger, backends, limits, home)
-        return cls(sandboxes, execution, snapshots)
+        uploads = Uploads(store, chunks, backends) if chunks is not None else None
+        snapshots = SnapshotService(
+            sandboxes, execution, store, ledger, backends, limits, home, uploads
+        )
+        if chunks is not None:
+            sandboxes.fetches = Fetches(
+                store,
+                chunks,
+                backends,
+                limits,
+                sandboxes.template,
+                sandboxes.all,
+                snapshots.tmp_dir,
+                max_memory_mb=bounds.max_memory_mb,
+                max_cpus=bounds.max_cpus,
+            )
+        return cls(sandboxes, execution, snapshots, uploads)
 
     async def start(self) -> None:
         """Adopt the sandboxes an earlier engine left, clean up after it, start watching."""
         await self.sandboxes.start()
+        if self.uploads is not None:
+            self.uploads.start()
 
     async def stop(self) -> None:
-        """Detach from every sandbox; the VMs keep running for the next engine."""
+        """Detach from every sandbox; the VMs keep running for the next engine (and uploads
+        in flight resume in it)."""
+        if self.uploads is not None:
+            await self.uploads.stop()
         await self.sandboxes.stop()

@@ -223,6 +223,10 @@ class SnapshotStore:
             raise NotFound(f"no snapshot {snapshot_id!r}")
         return record
 
+    def has(self, snapshot_id: str) -> bool:
+        """Whether the snapshot is here (hidden ones included)."""
+        return snapshot_id in self._records
+
     def all(self) -> list[SnapshotRecord]:
         """Every snapshot, hidden ones and hibernation captures included."""
         return list(self._records.values())

@@ -31,6 +31,7 @@ from sandfork.engine.snapshot_store import (
     SnapshotStore,
     new_snapshot_id,
 )
+from sandfork.engine.uploads import Uploads
 from sandfork.protocol import INVENTORY_ATTACHMENT, new_fork_tree_id
 
 
@@ -46,6 +47,7 @@ class SnapshotService:
         backends: Backends,
         limits: Limits,
         home: Path,
+        uploads: Uploads | None = None,
     ) -> None:
         self.sandboxes = sandboxes
         self.execution = execution
@@ -53,6 +55,7 @@ class SnapshotService:
         self.ledger = ledger
         self.backends = backends
         self.limits = limits
+        self.uploads = uploads  # to the snapshot store, after each capture (None: none)
         self.tmp_dir = home / "tmp"  # export and import files; what a killed engine left goes
         exchange.reset_tmp(self.tmp_dir)
 
@@ -89,7 +92,8 @@ class SnapshotService:
 
         ``attachments`` are files stored with it (a notebook document, say), written before
         the snapshot is listed: it appears with them or not at all. A visible snapshot also
-        gets the engine's ``inventory.json`` (:mod:`sandfork.engine.inventory`).
+        gets the engine's ``inventory.json`` (:mod:`sandfork.engine.inventory`) and, with a
+        snapshot store, is uploaded in the background (:mod:`sandfork.engine.uploads`).
         """
         inventory.refuse_client_inventory(attachments)
         async with self.sandboxes.working(sandbox_id) as live:  # a sleeper wakes first
@@ -100,9 +104,12 @@ class SnapshotService:
                 stored = sum(s.size_bytes for s in self.store.visible())
                 self.limits.check_snapshot(stored, estimate)
             async with self.sandboxes.lock(sandbox_id):
-                return await self.sandboxes.capture(
+                snap = await self.sandboxes.capture(
                     sandbox_id, name, hidden=hidden, metadata=metadata, attachments=attachments
                 )
+        if self.uploads is not None and not hidden:
+            self.uploads.submit(snap)
+        return snap
 
     async def fork(
         self, sandbox_id: str, count: int, *, metadata: dict[str, str], reseed_python: bool

@@ -59,7 +59,7 @@ from sandfork.protocol.relations import (
     PROMOTED_FROM,
     RESUMED_FROM,
 )
-from sandfork.protocol.statuses import BootMode, OnExpiry, SandboxStatus
+from sandfork.protocol.statuses import BootMode, OnExpiry, SandboxStatus, SnapshotStorage
 
 __all__ = [
     "CHECKPOINTS_KEPT",
@@ -98,6 +98,7 @@ __all__ = [
     "SandforkError",
     "ServerError",
     "SnapshotInfo",
+    "SnapshotStorage",
     "WireModel",
     "check_attachment_name",
     "check_snapshot_name",

@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, get_args, get_origin
 
-from sandfork.protocol.statuses import BootMode, OnExpiry, SandboxStatus
+from sandfork.protocol.statuses import BootMode, OnExpiry, SandboxStatus, SnapshotStorage
 
 M = TypeVar("M", bound="WireModel")
 
@@ -128,6 +128,7 @@ class SnapshotInfo(WireModel):
     contexts: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
     attachments: list[str] = field(default_factory=list)
+    storage: SnapshotStorage = SnapshotStorage.LOCAL  # local → uploading → durable
 
 
 @dataclass

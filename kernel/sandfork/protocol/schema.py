@@ -19,10 +19,10 @@ from typing import Any, get_args, get_origin
 from sandfork.protocol import limits
 from sandfork.protocol.errors import ErrorKind
 from sandfork.protocol.models import SandboxInfo, SnapshotInfo, WireModel
-from sandfork.protocol.statuses import BootMode, OnExpiry, SandboxStatus
+from sandfork.protocol.statuses import BootMode, OnExpiry, SandboxStatus, SnapshotStorage
 
 MODELS: tuple[type[WireModel], ...] = (SandboxInfo, SnapshotInfo)
-ENUMS: tuple[type[enum.Enum], ...] = (SandboxStatus, OnExpiry, BootMode, ErrorKind)
+ENUMS: tuple[type[enum.Enum], ...] = (SandboxStatus, OnExpiry, BootMode, SnapshotStorage, ErrorKind)
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 

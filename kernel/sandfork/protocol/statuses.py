@@ -40,3 +40,14 @@ class BootMode(StrEnum):
     COLD = "cold"
     TEMPLATE = "template"
     SNAPSHOT = "snapshot"
+
+
+class SnapshotStorage(StrEnum):
+    """Where a snapshot is kept (``"storage"`` on the wire): ``local`` (on the disk of the
+    engine that took it, or fetched, only), ``uploading`` (its chunks going to the engine's
+    object store) and ``durable`` (its manifest is in the store: any engine sharing the store
+    can restore it)."""
+
+    LOCAL = "local"
+    UPLOADING = "uploading"
+    DURABLE = "durable"

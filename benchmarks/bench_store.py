@@ -1,0 +1,127 @@
+"""The snapshot store (issue 24): upload throughput, bytes stored for per-cell checkpoints
+against their sum (the dedup ratio), and a restore on an engine that must fetch the snapshot
+against one on the engine that has it.
+
+Starts SeaweedFS (``tests/s3_server.py``) and two engines sharing one bucket (container
+backend, state in temporary folders), runs ``--cells`` cells in one sandbox on engine A, each
+adding ``--cell-kib`` of fresh data to a list and followed by a checkpoint, waits until every
+checkpoint is durable, then restores the last one on A (local) and on B (fetched), each timed
+to its first result. Prints the figures and writes ``docs/benchmarks/store.md``.
+
+    .venv/bin/python benchmarks/bench_store.py --cells 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import EngineProcess
+from s3_server import BUCKET, SeaweedS3, new_prefix
+from sandfork.sdk import Sandbox
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "store.md"
+DURABLE = re.compile(
+    r"snapshot (\S+) is durable: (\d+) chunks sent \(([\d.]+) MiB, ([\d.]+) MiB/s\), "
+    r"(\d+) already stored"
+)
+
+
+def engine(home: Path, s3: SeaweedS3, prefix: str) -> EngineProcess:
+    home.mkdir()
+    proc = EngineProcess(
+        home,
+        "--EngineConfig.backend=container",
+        "--EngineConfig.snapshot_store=s3",
+        f"--S3Store.endpoint_url={s3.endpoint_url}",
+        f"--S3Store.bucket={BUCKET}",
+        f"--S3Store.prefix={prefix}",
+    )
+    proc.env = s3.env
+    proc.start()
+    return proc
+
+
+def wait_durable(proc: EngineProcess, snapshot_id: str) -> None:
+    while proc.client().request("GET", f"/snapshots/{snapshot_id}")["storage"] != "durable":
+        time.sleep(0.1)
+
+
+def first_result(proc: EngineProcess, snapshot_id: str) -> float:
+    """Seconds from the restore request to the restored kernel's first result."""
+    started = time.monotonic()
+    box = Sandbox.create(from_snapshot=snapshot_id, client=proc.client())
+    try:
+        assert box.create_code_context().run_code("len(cells)").text
+        return time.monotonic() - started
+    finally:
+        box.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", type=int, default=20)
+    parser.add_argument("--cell-kib", type=int, default=256)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="sf-store-"))
+    s3 = SeaweedS3(root / "s3")
+    s3.start()
+    prefix = new_prefix()
+    a = engine(root / "a", s3, prefix)
+    b = engine(root / "b", s3, prefix)
+    try:
+        box = Sandbox.create(backend="container", client=a.client())
+        ctx = box.create_code_context()
+        ctx.run_code("import os\ncells = []")
+        ids = []
+        for _ in range(args.cells):
+            ctx.run_code(f"cells.append(os.urandom({args.cell_kib * 1024}))")
+            ids.append(box.checkpoint())
+        box.kill()
+        sizes = []
+        for snapshot_id in ids:
+            wait_durable(a, snapshot_id)
+            sizes.append(a.client().request("GET", f"/snapshots/{snapshot_id}")["size_bytes"])
+        uploads = DURABLE.findall((a.home / "engine.log").read_text())
+        client = s3.client()
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        stored = sum(o["Size"] for page in pages for o in page.get("Contents", []))
+        local = first_result(a, ids[-1])
+        fetched = first_result(b, ids[-1])
+        again = first_result(b, ids[-1])
+    finally:
+        b.close()
+        a.close()
+        s3.kill()
+    sent_mib = sum(float(u[2]) for u in uploads)
+    rates = sorted(float(u[3]) for u in uploads if float(u[2]) > 1)
+    lines = [
+        "# Snapshot store (issue 24)",
+        "",
+        f"`benchmarks/bench_store.py --cells {args.cells} --cell-kib {args.cell_kib}`: one "
+        f"container sandbox, {args.cells} cells each adding {args.cell_kib} KiB of random "
+        "data, a checkpoint after each; SeaweedFS on loopback; 4 MiB chunks.",
+        "",
+        f"- checkpoints' sizes added up: {sum(sizes) / 2**20:.1f} MiB",
+        f"- bytes in the bucket (chunks and manifests): {stored / 2**20:.1f} MiB "
+        f"(dedup ratio {sum(sizes) / max(stored, 1):.2f}x)",
+        f"- chunks sent {sum(int(u[1]) for u in uploads)}, already stored "
+        f"{sum(int(u[4]) for u in uploads)}; {sent_mib:.1f} MiB sent",
+        f"- upload throughput per snapshot (median): {rates[len(rates) // 2]:.1f} MiB/s"
+        if rates
+        else "- upload throughput: nothing large enough was sent",
+        f"- restore to first result, last checkpoint: on A (local) {local:.2f} s, on B "
+        f"(fetched first) {fetched:.2f} s, on B again (now local) {again:.2f} s",
+        "",
+    ]
+    print("\n".join(lines))
+    OUT.write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

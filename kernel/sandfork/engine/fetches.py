@@ -1,0 +1,172 @@
+"""Restoring anywhere: a snapshot this engine lacks, fetched from the snapshot store.
+
+When a restore names a snapshot that is not here but whose manifest is in the store, the
+engine checks the manifest as hostile input (:mod:`sandfork.store.manifest`, then the meta and
+layout: :mod:`sandfork.engine.stored`), checks that it can restore it here (the same backend
+and machine key, the same template image, within its limits), fetches every chunk (whole,
+before the start; hashes checked; chunks it has cached are read locally), writes the files
+under a temporary folder and renames them into place: the layers into its layer folder,
+re-based onto its own template image, the state folder as a snapshot's. Only then is the
+snapshot listed, ``durable``, exactly as one taken here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from sandfork.backends.base import Backend
+from sandfork.backends.vm.images import ImageError, Qcow2Images
+from sandfork.engine.backends import Backends
+from sandfork.engine.db import SandboxRecord, SnapshotRecord
+from sandfork.engine.errors import ApiError, Conflict, NotFound
+from sandfork.engine.limits import Limits
+from sandfork.engine.snapshot_store import SnapshotStore
+from sandfork.engine.stored import STATE, StoredMeta, base_key, check_layout, parse_meta
+from sandfork.protocol import SnapshotStorage
+from sandfork.store.chunks import ChunkStore
+from sandfork.store.manifest import Manifest, ManifestError
+from sandfork.store.objects import StoreError
+from sandfork.templates import BuiltTemplate
+
+log = logging.getLogger(__name__)
+
+Template = Callable[[str], Awaitable[BuiltTemplate]]
+
+
+class Fetches:
+    """Brings snapshots of the store that this engine lacks into its snapshot store."""
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        chunks: ChunkStore,
+        backends: Backends,
+        limits: Limits,
+        template: Template,
+        sandboxes: Callable[[], list[SandboxRecord]],
+        tmp_dir: Path,
+        *,
+        max_memory_mb: int,
+        max_cpus: int,
+    ) -> None:
+        self.store = store
+        self.chunks = chunks
+        self.backends = backends
+        self.limits = limits
+        self.template = template
+        self.sandboxes = sandboxes
+        self.tmp_dir = tmp_dir
+        self.max_memory_mb = max_memory_mb
+        self.max_cpus = max_cpus
+        self._fetching: dict[str, asyncio.Task[None]] = {}  # two restores fetch once
+
+    async def ensure(self, snapshot_id: str) -> None:
+        """Make ``snapshot_id`` a local snapshot, fetching it from the store if it is not
+        here; a 404 if it is neither here nor there."""
+        if self.store.has(snapshot_id):
+            return
+        task = self._fetching.get(snapshot_id)
+        if task is None:
+            task = asyncio.create_task(self._fetch(snapshot_id))
+            self._fetching[snapshot_id] = task
+            task.add_done_callback(lambda _: self._fetching.pop(snapshot_id, None))
+        await asyncio.shield(task)  # a client that goes away does not cut another's fetch
+
+    async def _fetch(self, snapshot_id: str) -> None:
+        budget = self.limits.free_bytes()
+        try:
+            manifest = await asyncio.to_thread(self.chunks.manifest, snapshot_id, budget)
+        except StoreError as e:
+            raise ApiError(
+                f"snapshot {snapshot_id} is not here and the store failed: {e}", 502
+            ) from e
+        except ManifestError as e:
+            raise ApiError(f"snapshot {snapshot_id} cannot be restored: {e}", 502) from e
+        if manifest is None:
+            raise NotFound(f"no snapshot {snapshot_id!r} (not here, nor in the snapshot store)")
+        try:
+            meta = parse_meta(manifest.meta, self.max_memory_mb, self.max_cpus)
+            check_layout(manifest, meta)
+        except ManifestError as e:
+            raise ApiError(f"snapshot {snapshot_id} cannot be restored: {e}", 502) from e
+        backend = self.backends[meta.backend]
+        built = await self.template(meta.fields["template"])
+        base = backend.base_disk(built)
+        if (meta.machine_key, meta.base) != (backend.machine_key(), base_key(base)):
+            raise Conflict(
+                f"snapshot {snapshot_id} was taken on another build of its {meta.backend} "
+                f"backend or template (machine {meta.machine_key}, image {meta.base}); here "
+                f"they are {backend.machine_key()} and {base_key(base)}"
+            )
+        self.limits.check_snapshot(
+            sum(s.size_bytes for s in self.store.visible()), manifest.total_bytes
+        )
+        started = time.monotonic()
+        folder = self.tmp_dir / f"fetch-{snapshot_id}"
+        try:
+            await asyncio.to_thread(self.chunks.fetch, manifest, folder)
+            self._register(snapshot_id, manifest, meta, backend, built, base, folder)
+        except (ManifestError, ImageError, IsADirectoryError, NotADirectoryError) as e:
+            raise ApiError(f"snapshot {snapshot_id} cannot be restored: {e}", 502) from e
+        except StoreError as e:
+            raise ApiError(f"fetching snapshot {snapshot_id} failed: {e}", 502) from e
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        log.info(
+            "fetched snapshot %s from the store: %.1f MiB in %.1f s",
+            snapshot_id, manifest.total_bytes / 2**20, time.monotonic() - started,
+        )  # fmt: skip
+
+    def _register(
+        self,
+        snapshot_id: str,
+        manifest: Manifest,
+        meta: StoredMeta,
+        backend: Backend,
+        built: BuiltTemplate,
+        base: Path,
+        folder: Path,
+    ) -> None:
+        """Move the fetched files into place as layers and a snapshot, and list it."""
+        made: list[Path] = []
+        try:
+            disk = base
+            for i in range(meta.disk_layers):
+                layer = self.store.new_layer(disk, backend.images.suffix)
+                made.append(layer)
+                if isinstance(backend.images, Qcow2Images):  # a qcow2 header names files
+                    backend.images.check_layer(
+                        folder / f"disk.{i}", backend.images.virtual_size(base)
+                    )
+                (folder / f"disk.{i}").rename(layer)
+                backend.images.rebase(layer, disk)
+                disk = layer
+            memory: Path | None = None
+            for i in range(meta.memory_layers):
+                layer = self.store.new_layer(memory, backend.memory_suffix or "")
+                made.append(layer)
+                (folder / f"memory.{i}").rename(layer)
+                memory = layer
+            spec = backend.spec(built, meta.memory_mb, meta.cpus)
+            record = SnapshotRecord(
+                id=snapshot_id,
+                disk=str(disk),
+                memory=str(memory or ""),
+                # The saved state needs the accelerator it was taken under.
+                vm={**spec.to_dict(), "accelerator": meta.accelerator},
+                size_bytes=manifest.total_bytes,
+                storage=SnapshotStorage.DURABLE,
+                **meta.fields,
+            )
+            staging = self.store.staging(snapshot_id, in_memory=False)
+            staging.rmdir()
+            (folder / STATE).rename(staging)
+            self.store.publish(record, staging)
+        finally:
+            self.store.settle(*made)
+            self.store.collect(self.sandboxes())

@@ -1,0 +1,161 @@
+"""The chunk store: a snapshot's files up into the bucket as chunks and a manifest, and down
+again into a directory.
+
+An upload sends each chunk the bucket lacks (a chunk already there, from this snapshot's
+chain, another snapshot or another host, is not sent again), then the manifest with a
+create-only-if-absent put: until that put succeeds, nothing of the snapshot is visible as a
+snapshot, whatever chunks are in already, and an upload cut short is simply run again. A fetch
+parses the manifest as hostile input, checks every chunk's length and SHA-256, writes the
+files under a temporary name beside the destination and renames it into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandfork.store import tree
+from sandfork.store.cache import ChunkCache
+from sandfork.store.manifest import Entry, Manifest, ManifestError, parse
+from sandfork.store.objects import ObjectMissing, ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
+
+
+def chunk_key(digest: str) -> str:
+    """Where the chunk ``digest`` is kept."""
+    return f"chunks/{digest[:2]}/{digest}"
+
+
+def manifest_key(snapshot_id: str) -> str:
+    """Where the manifest of ``snapshot_id`` is kept."""
+    return f"manifests/{snapshot_id}.json"
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """How an upload went: the manifest, the chunks sent and those the bucket already had."""
+
+    manifest: Manifest
+    sent: int
+    skipped: int
+    bytes_sent: int
+    seconds: float
+    committed: bool  # False: the manifest was there already (an earlier run wrote it)
+
+
+class ChunkStore:
+    """Snapshots as chunks and manifests in ``objects``, fetched through ``cache``."""
+
+    def __init__(self, objects: ObjectStore, cache: ChunkCache) -> None:
+        self.objects = objects
+        self.cache = cache
+        self._present: set[str] = set()  # chunks known to be in the bucket
+
+    def check(self) -> None:
+        """Raise :class:`StoreError` (one line) unless the bucket can be used."""
+        self.objects.check()
+
+    def put_files(
+        self, sources: dict[str, Path], progress: Progress | None = None
+    ) -> tuple[list[Entry], int, int, int]:
+        """Send the chunks of ``sources`` (a name in the manifest -> a file or directory)
+        that the bucket lacks; the entries with their chunks, and the chunks sent, skipped
+        and the bytes sent."""
+        scanned = [item for name, path in sources.items() for item in tree.scan(name, path)]
+        total = sum(entry.size for entry, _ in scanned)
+        done = sent = skipped = sent_bytes = 0
+        entries: list[Entry] = []
+        for entry, path in scanned:
+            digests = []
+            read = 0
+            for data in tree.file_chunks(path) if entry.kind == "file" else ():
+                digest = hashlib.sha256(data).hexdigest()
+                if digest in self._present or self.objects.exists(chunk_key(digest)):
+                    skipped += 1
+                else:
+                    self.objects.put(chunk_key(digest), data)
+                    sent += 1
+                    sent_bytes += len(data)
+                self._present.add(digest)
+                digests.append(digest)
+                read += len(data)
+                done += len(data)
+                if progress is not None:
+                    progress(done, total)
+            if read != entry.size:
+                raise StoreError(f"{path} changed while it was uploaded (snapshots are immutable)")
+            entries.append(dataclasses.replace(entry, chunks=tuple(digests)))
+        return entries, sent, skipped, sent_bytes
+
+    def commit(self, manifest: Manifest) -> bool:
+        """Write the manifest, create-only: the snapshot is durable from now on. False if a
+        manifest was there already (an earlier run of the same upload wrote it)."""
+        missing = [d for d in manifest.chunks() if d not in self._present]
+        if missing:
+            raise StoreError(f"the chunk {missing[0]} was not uploaded first")
+        return self.objects.put_if_absent(manifest_key(manifest.snapshot_id), manifest.encode())
+
+    def upload(
+        self,
+        snapshot_id: str,
+        sources: dict[str, Path],
+        meta: dict[str, Any],
+        progress: Progress | None = None,
+    ) -> Uploaded:
+        """Store ``sources`` as the snapshot ``snapshot_id``: its chunks, then its manifest."""
+        started = time.monotonic()
+        entries, sent, skipped, sent_bytes = self.put_files(sources, progress)
+        manifest = Manifest(snapshot_id, meta, tuple(entries))
+        committed = self.commit(manifest)
+        seconds = time.monotonic() - started
+        return Uploaded(manifest, sent, skipped, sent_bytes, seconds, committed)
+
+    def is_durable(self, snapshot_id: str) -> bool:
+        """Whether the bucket has the snapshot's manifest."""
+        return self.objects.exists(manifest_key(snapshot_id))
+
+    def manifest(self, snapshot_id: str, max_bytes: int) -> Manifest | None:
+        """The snapshot's manifest, checked (files of at most ``max_bytes`` in all), or
+        ``None`` if the bucket has none; :class:`ManifestError` if it is not valid."""
+        try:
+            data = self.objects.get(manifest_key(snapshot_id))
+        except ObjectMissing:
+            return None
+        return parse(data, snapshot_id, max_bytes)
+
+    def chunk(self, digest: str) -> bytes:
+        """The chunk ``digest``, from the cache or the bucket, its hash checked."""
+        data = self.cache.get(digest)
+        if data is not None and hashlib.sha256(data).hexdigest() == digest:
+            return data
+        try:
+            data = self.objects.get(chunk_key(digest))
+        except ObjectMissing:
+            raise ManifestError(f"the chunk {digest} is missing from the bucket") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ManifestError(f"the chunk {digest} in the bucket does not match its hash")
+        self.cache.put(digest, data)
+        return data
+
+    def fetch(self, manifest: Manifest, dest: Path) -> None:
+        """Write the snapshot's files into the new directory ``dest``, whole or not at all
+        (under a temporary name beside it, renamed once complete)."""
+        staging = dest.with_name(f".fetch-{dest.name}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(mode=0o700)
+        try:
+            tree.materialise(manifest.entries, staging, self.chunk)
+            staging.rename(dest)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
