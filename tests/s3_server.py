@@ -30,6 +30,8 @@ import pytest
 
 ACCESS_KEY = "sandfork-test"
 SECRET_KEY = "sandfork-test-secret"
+FLEET_KEY = "sandfork-tests-" + "k" * 32
+"""S3Store.signing_key of the tests' fleet (SANDFORK_S3_SIGNING_KEY in engines' environment)."""
 BUCKET = "sandfork-test"
 _PR_SET_PDEATHSIG = 1
 START_BOUND = 120.0  # seconds: a bound for a hang on a loaded machine, not a speed
@@ -119,8 +121,13 @@ class SeaweedS3:
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment that gives a process this server's credentials."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+        """The environment that gives a process this server's credentials (and an engine the
+        fleet's signing key)."""
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "SANDFORK_S3_SIGNING_KEY": FLEET_KEY,
+        }
 
     def start(self) -> None:
         """Start it (again) and wait until its S3 gateway lists the test bucket."""

@@ -6,15 +6,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from s3_server import BUCKET, SeaweedS3, new_prefix, s3_server
+from s3_server import BUCKET, FLEET_KEY, SeaweedS3, new_prefix, s3_server
 from sandfork.store.cache import ChunkCache
-from sandfork.store.chunks import ChunkStore, chunk_key, manifest_key
+from sandfork.store.chunks import ChunkStore, chunk_key, manifest_key, signed
 from sandfork.store.config import S3Store
 from sandfork.store.manifest import CHUNK_SIZE, FORMAT, ManifestError
 from sandfork.store.objects import FolderObjects, ObjectStore, StoreError
@@ -48,7 +49,7 @@ def objects(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
 
 @pytest.fixture
 def store(objects: ObjectStore, tmp_path: Path) -> ChunkStore:
-    chunks = ChunkStore(objects, ChunkCache(tmp_path / "cache", 16 * MiB))
+    chunks = ChunkStore(objects, ChunkCache(tmp_path / "cache", 16 * MiB), FLEET_KEY)
     chunks.check()
     return chunks
 
@@ -120,7 +121,7 @@ def test_identical_chunks_are_stored_once(
     assert (one.sent, len(chunk_objects(objects))) == (6, 6)
     second = make_tree(tmp_path / "b", b"shared", chunks=3)
     (second / "extra.bin").write_bytes(b"\1" * 1000)
-    fresh = ChunkStore(objects, ChunkCache(tmp_path / "cache2", 0))  # another host
+    fresh = ChunkStore(objects, ChunkCache(tmp_path / "cache2", 0), FLEET_KEY)  # another host
     two = fresh.upload("snap-2", {"snapshot": second}, {})
     assert (two.sent, two.skipped) == (1, 6)
     assert len(chunk_objects(objects)) == 7
@@ -140,7 +141,7 @@ def test_the_manifest_is_last_when_the_server_dies_mid_upload(
     credentials: SeaweedS3, tmp_path: Path
 ) -> None:
     objects = s3_objects(credentials, new_prefix())
-    store = ChunkStore(objects, ChunkCache(tmp_path / "cache", 0))
+    store = ChunkStore(objects, ChunkCache(tmp_path / "cache", 0), FLEET_KEY)
     src = make_tree(tmp_path / "a", b"killed")
     _entries, sent, _, _ = store.put_files({"snapshot": src})
     assert sent == 5
@@ -152,7 +153,7 @@ def test_the_manifest_is_last_when_the_server_dies_mid_upload(
         credentials.start()
     assert not store.is_durable("snap-1")  # chunks are in, the snapshot is not visible
     assert objects.keys("manifests/") == []
-    again = ChunkStore(objects, ChunkCache(tmp_path / "cache2", 0)).upload(
+    again = ChunkStore(objects, ChunkCache(tmp_path / "cache2", 0), FLEET_KEY).upload(
         "snap-1", {"snapshot": src}, {}
     )
     assert again.committed and (again.sent, again.skipped) == (0, 5)  # it resumed
@@ -165,7 +166,13 @@ def test_the_manifest_is_last_when_the_server_dies_mid_upload(
 def put_manifest(objects: ObjectStore, entries: list[dict[str, object]], **top: object) -> None:
     doc = {"format": FORMAT, "snapshot_id": "evil", "chunk_size": CHUNK_SIZE, "meta": {}}
     doc |= {"entries": entries, **top}
-    objects.put(manifest_key("evil"), json.dumps(doc).encode())
+    put_signed(objects, json.dumps(doc).encode())
+
+
+def put_signed(objects: ObjectStore, manifest: bytes, key: str = FLEET_KEY) -> None:
+    """A manifest in the bucket under the fleet's key: what the checks after the signature's
+    must hold against (an engine of the fleet gone rogue, a bug)."""
+    objects.put(manifest_key("evil"), signed(key, manifest))
 
 
 def put_chunk(objects: ObjectStore, data: bytes, digest: str | None = None) -> str:
@@ -218,10 +225,16 @@ HOSTILE: dict[str, tuple[Callable[[ObjectStore], None], str]] = {
         ),
         "not allowed",
     ),
-    "not json": (lambda o: o.put(manifest_key("evil"), b"\xff{not json"), "invalid"),
-    "duplicate key": (
-        lambda o: o.put(manifest_key("evil"), b'{"format": 1, "format": 2}'),
-        "appears twice",
+    "not json": (lambda o: put_signed(o, b"\xff{not json"), "invalid"),
+    "duplicate key": (lambda o: put_signed(o, b'{"format": 1, "format": 2}'), "appears twice"),
+    "unsigned": (lambda o: o.put(manifest_key("evil"), b"{}"), "not signed with this fleet"),
+    "another fleet's": (
+        lambda o: put_signed(o, b"{}", secrets.token_hex(32)),
+        "not signed with this fleet",
+    ),
+    "signature cut": (
+        lambda o: o.put(manifest_key("evil"), signed(FLEET_KEY, b"{}")[1:]),
+        "not signed with this fleet",
     ),
 }
 
@@ -277,6 +290,11 @@ def test_a_manifest_over_the_budget_is_refused(store: ChunkStore, objects: Objec
 
 
 # --- configuration errors -------------------------------------------------------------------
+
+
+def test_a_short_signing_key_is_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="signing_key must have at least 32 characters"):
+        ChunkStore(FolderObjects(tmp_path / "b"), ChunkCache(tmp_path / "c", 0), "short")
 
 
 def test_wrong_credentials_are_one_clear_line(

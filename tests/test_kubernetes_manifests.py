@@ -38,7 +38,8 @@ from kubernetes_manifests import (
 )
 from sandfork import paths
 from sandfork.client.connection import Connection, from_environment
-from sandfork.engine.cli import SandforkEngineApp, env_name
+from sandfork.config_checks import unknown_settings
+from sandfork.engine.cli import ENV_PREFIXES, SandforkEngineApp, env_name
 from sandfork.engine.config import EngineConfig
 from sandfork.gateway.cli import SandforkGatewayApp
 from sandfork.gateway.config import GatewayConfig
@@ -50,14 +51,6 @@ APPS: dict[str, tuple[type[Application], type[Configurable]]] = {
     "serve": (SandforkEngineApp, EngineConfig),
     "gateway": (SandforkGatewayApp, GatewayConfig),
 }
-
-S3_STORE_PENDING = {
-    ("EngineConfig", "snapshot_store"),
-    ("S3Store", "endpoint_url"),
-    ("S3Store", "bucket"),
-}
-"""The S3 store's settings (issue 24, in progress): let through while ``EngineConfig`` has no
-``snapshot_store``; from then on checked like every other option."""
 
 EXPOSED_BECAUSE = "sandfork.dev/exposed-because"
 """The annotation a LoadBalancer or NodePort Service needs: why it is reachable from outside
@@ -169,35 +162,16 @@ def test_the_fleet_runs_two_engines_and_a_gateway() -> None:
     assert sorted(sub for _, sub, _ in _invocations()) == ["gateway", "serve", "serve"]
 
 
-def _known_options(app: Application) -> dict[str, set[str]]:
-    """The config sections an application's command line can set, and their traits."""
-    known: dict[str, set[str]] = {}
-    for cls in (type(app), *app.classes):
-        for klass in cls.mro():
-            if isinstance(klass, type) and issubclass(klass, Configurable):
-                known.setdefault(klass.__name__, set()).update(klass.class_traits(config=True))
-    return known
-
-
-def _s3_store_landed() -> bool:
-    return "snapshot_store" in EngineConfig.class_traits(config=True)
-
-
 @pytest.mark.parametrize(("where", "subcommand", "args"), _invocations())
 def test_sandfork_options_are_real(where: str, subcommand: str, args: list[str]) -> None:
-    """Each argument, parsed by the real application, sets settings it has (traitlets only
-    warns about others), and all of them make a valid configuration."""
+    """Each argument, parsed by the real application, sets settings it has (the check the
+    engine and the gateway make at start), and all of them make a valid configuration."""
     app_class, config_class = APPS[subcommand]
     for arg in args:
         app = app_class()
         app.parse_command_line([arg])
         assert app.cli_config, f"{where}: {arg} sets nothing"
-        known = _known_options(app)
-        for section, settings in app.cli_config.items():
-            for name in settings:
-                if (section, name) in S3_STORE_PENDING and not _s3_store_landed():
-                    continue
-                assert name in known.get(section, set()), f"{where}: {arg} is no option"
+        assert unknown_settings(app) is None, f"{where}: {arg}: {unknown_settings(app)}"
     app = app_class()
     app.parse_command_line(args)
     config_class(parent=app)  # a TraitError for a value the setting refuses
@@ -226,8 +200,11 @@ def _names_a_path(name: str) -> bool:
 
 
 def test_engine_environment_is_made_of_settings() -> None:
-    """An engine's ``SANDFORK_*`` variables are settings (``SANDFORK_<NAME>``) or folders."""
-    settings = {env_name(name) for name in EngineConfig.class_traits(config=True)}
+    """An engine's ``SANDFORK_*`` variables are settings (``SANDFORK_<NAME>``,
+    ``SANDFORK_S3_<NAME>``) or folders."""
+    settings = {
+        env_name(name, cls) for cls in ENV_PREFIXES for name in cls.class_traits(config=True)
+    }
     for doc, container in all_containers():
         found = invocation(container)
         if found is None or found[0] != "serve":

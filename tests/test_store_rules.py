@@ -18,11 +18,12 @@ import pytest
 import pytest_asyncio
 
 from engine_fake import Engines, FakeEngine
+from s3_server import FLEET_KEY
 from sandfork.backends.fake import FakeHost
 from sandfork.engine.errors import ApiError, Conflict, NotFound
 from sandfork.protocol import SnapshotStorage
 from sandfork.store.cache import ChunkCache
-from sandfork.store.chunks import ChunkStore, Uploaded, manifest_key
+from sandfork.store.chunks import ChunkStore, Uploaded, manifest_key, signed
 from sandfork.store.objects import FolderObjects
 
 HANG = 60.0  # seconds: a bound for a hang, not a speed
@@ -41,7 +42,9 @@ async def pair(tmp_path: Path, host: FakeHost) -> AsyncIterator[tuple[FakeEngine
     bucket = FolderObjects(tmp_path / "bucket")
     runs = [Engines(tmp_path / name, host) for name in ("a", "b")]
     engines = [
-        await run.start(chunks=ChunkStore(bucket, ChunkCache(tmp_path / f"cache-{i}", 2**24)))
+        await run.start(
+            chunks=ChunkStore(bucket, ChunkCache(tmp_path / f"cache-{i}", 2**24), FLEET_KEY)
+        )
         for i, run in enumerate(runs)
     ]
     yield engines[0], engines[1]
@@ -100,7 +103,7 @@ async def test_an_upload_the_store_refused_resumes_after_a_restart(
     runs = Engines(tmp_path / "a", host)
     try:
         a = await runs.start(
-            chunks=ChunkStore(FolderObjects(bucket), ChunkCache(tmp_path / "c", 0))
+            chunks=ChunkStore(FolderObjects(bucket), ChunkCache(tmp_path / "c", 0), FLEET_KEY)
         )
         box = await a.create()
         snap = await a.services.snapshots.snapshot(box.id)
@@ -137,7 +140,7 @@ class WatchedChunks(ChunkStore):
     """A chunk store that says when an upload's worker thread is done with it."""
 
     def __init__(self, objects: FolderObjects, cache: ChunkCache) -> None:
-        super().__init__(objects, cache)
+        super().__init__(objects, cache, FLEET_KEY)
         self.ended = threading.Event()
 
     def upload(self, *args: Any, **kwargs: Any) -> Uploaded:
@@ -220,16 +223,20 @@ async def test_a_snapshot_in_neither_place_is_a_404(pair: tuple[FakeEngine, Fake
         await b.restore("snap_0123456789abcdef")
 
 
-def tamper(engine: FakeEngine, snapshot_id: str, edit: dict[str, object]) -> None:
-    """Rewrite the bucket's manifest of ``snapshot_id`` as a hostile writer would."""
+def tamper(
+    engine: FakeEngine, snapshot_id: str, edit: dict[str, object], key: str | None = FLEET_KEY
+) -> None:
+    """Rewrite the bucket's manifest of ``snapshot_id`` as a hostile writer would: one with
+    the fleet's key (an engine gone rogue), or (``key=None``) any other writer of the bucket."""
     assert engine.chunks is not None
     objects = engine.chunks.objects
-    doc = json.loads(objects.get(manifest_key(snapshot_id)))
+    doc = json.loads(objects.get(manifest_key(snapshot_id)).partition(b"\n")[2])
     entries = edit.pop("entries", None)
     if callable(entries):
         doc["entries"] = entries(doc["entries"])
     doc["meta"] |= edit
-    objects.put(manifest_key(snapshot_id), json.dumps(doc).encode())
+    data = json.dumps(doc).encode()
+    objects.put(manifest_key(snapshot_id), data if key is None else signed(key, data))
 
 
 def link_state(entries: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -240,6 +247,21 @@ def link_state(entries: list[dict[str, object]]) -> list[dict[str, object]]:
             entry |= {"name": "snapshot/state.json", "kind": "symlink", "mode": 0o777}
             entry["target"] = "/etc/shadow"
     return entries
+
+
+@pytest.mark.asyncio
+async def test_a_manifest_the_fleet_did_not_sign_is_never_restored(
+    pair: tuple[FakeEngine, FakeEngine],
+) -> None:
+    """The bucket's other writers cannot make an engine restore a snapshot of their making,
+    however well they craft it (here: the fleet's own manifest, unchanged but unsigned)."""
+    a, b = pair
+    snapshot_id = await durable_snapshot(a)
+    tamper(a, snapshot_id, {}, key=None)
+    with pytest.raises(ApiError, match="not signed with this fleet's key") as e:
+        await b.restore(snapshot_id)
+    assert e.value.status == 502
+    assert not b.store.has(snapshot_id) and b.layers() == set()
 
 
 @pytest.mark.asyncio

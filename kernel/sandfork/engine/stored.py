@@ -141,9 +141,11 @@ def open_store(config: EngineConfig, home: Path) -> ChunkStore | None:
         return None
     from sandfork.store.s3 import S3Objects  # boto3 only for engines that use it
 
+    settings = S3Store(parent=config)
     chunks = ChunkStore(
-        S3Objects(S3Store(parent=config)),
+        S3Objects(settings),
         ChunkCache(home / "chunk-cache", config.chunk_cache_mb * 2**20),
+        settings.signing_key,
     )
     chunks.check()
     return chunks

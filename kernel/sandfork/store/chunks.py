@@ -4,15 +4,19 @@ again into a directory.
 An upload sends each chunk the bucket lacks (a chunk already there, from this snapshot's
 chain, another snapshot or another host, is not sent again), then the manifest with a
 create-only-if-absent put: until that put succeeds, nothing of the snapshot is visible as a
-snapshot, whatever chunks are in already, and an upload cut short is simply run again. A fetch
-parses the manifest as hostile input, checks every chunk's length and SHA-256, writes the
-files under a temporary name beside the destination and renames it into place.
+snapshot, whatever chunks are in already, and an upload cut short is simply run again. The
+manifest is stored after its HMAC-SHA256 under the fleet's key and a newline; a fetch refuses a
+manifest the key did not sign (the bucket's other writers cannot make an engine restore a
+snapshot of their making), parses it as hostile input, checks every chunk's length and
+SHA-256, writes the files under a temporary name beside the destination and renames it into
+place.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import logging
 import shutil
 import time
@@ -29,6 +33,15 @@ from sandfork.store.objects import ObjectMissing, ObjectStore, StoreError
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
+
+
+MIN_SIGNING_KEY = 32  # characters of S3Store.signing_key
+
+
+def signed(key: str, manifest: bytes) -> bytes:
+    """A manifest as it is stored: its HMAC-SHA256 under the fleet's ``key`` (hex), a
+    newline, the manifest."""
+    return hmac.new(key.encode(), manifest, hashlib.sha256).hexdigest().encode() + b"\n" + manifest
 
 
 def chunk_key(digest: str) -> str:
@@ -56,9 +69,17 @@ class Uploaded:
 class ChunkStore:
     """Snapshots as chunks and manifests in ``objects``, fetched through ``cache``."""
 
-    def __init__(self, objects: ObjectStore, cache: ChunkCache) -> None:
+    def __init__(self, objects: ObjectStore, cache: ChunkCache, signing_key: str) -> None:
+        if len(signing_key) < MIN_SIGNING_KEY:
+            raise StoreError(
+                f"S3Store.signing_key must have at least {MIN_SIGNING_KEY} characters, the same "
+                "on every engine of the fleet: it signs the manifests, and unsigned ones are "
+                "never restored (`python -c 'import secrets; print(secrets.token_hex(32))'` "
+                "makes one)"
+            )
         self.objects = objects
         self.cache = cache
+        self._key = signing_key
         self._present: set[str] = set()  # chunks known to be in the bucket
 
     def check(self) -> None:
@@ -103,7 +124,8 @@ class ChunkStore:
         missing = [d for d in manifest.chunks() if d not in self._present]
         if missing:
             raise StoreError(f"the chunk {missing[0]} was not uploaded first")
-        return self.objects.put_if_absent(manifest_key(manifest.snapshot_id), manifest.encode())
+        stored = signed(self._key, manifest.encode())
+        return self.objects.put_if_absent(manifest_key(manifest.snapshot_id), stored)
 
     def upload(
         self,
@@ -131,7 +153,13 @@ class ChunkStore:
             data = self.objects.get(manifest_key(snapshot_id))
         except ObjectMissing:
             return None
-        return parse(data, snapshot_id, max_bytes)
+        _, _, body = data.partition(b"\n")
+        if not hmac.compare_digest(data, signed(self._key, body)):
+            raise ManifestError(
+                f"the manifest of {snapshot_id} is not signed with this fleet's key "
+                "(S3Store.signing_key): it was not written by one of its engines"
+            )
+        return parse(body, snapshot_id, max_bytes)
 
     def chunk(self, digest: str) -> bytes:
         """The chunk ``digest``, from the cache or the bucket, its hash checked."""

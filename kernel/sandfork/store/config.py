@@ -17,6 +17,13 @@ class S3Store(Configurable):
     region = Unicode("us-east-1", help="The bucket's region (what requests are signed for).").tag(
         config=True
     )
+    signing_key = Unicode(
+        "",
+        help="The fleet's secret (at least 32 characters, the same on every engine of the "
+        "bucket): it signs every manifest, and a manifest it did not sign is never restored. "
+        "Required: whoever can write the bucket could otherwise make an engine restore a "
+        "snapshot of their making (a container's is a CRIU image, restored as root).",
+    ).tag(config=True)
     prefix = Unicode(
         "sandfork/",
         help="Where in the bucket this fleet's objects go (several fleets may share a bucket).",
