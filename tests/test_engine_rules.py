@@ -96,6 +96,25 @@ async def test_a_sandbox_whose_process_ended_is_dead_at_the_next_tick(
 
 
 @pytest.mark.asyncio
+async def test_a_dead_sandbox_is_reported_dead_once_its_files_are_released(
+    fake_engine: FakeEngine, host: FakeHost
+) -> None:
+    """A client that sees ``dead`` may count on the host's files being gone (a VM's QMP
+    socket, its RAM folder's files): the status comes after the release, not before."""
+    sandbox = await fake_engine.create()
+    assert sandbox.pid is not None
+    host.kill(sandbox.pid, "killed by signal 9")
+    gate = host.gate("destroy")
+    tick = asyncio.ensure_future(fake_engine.services.sandboxes.tick())
+    await gate.reached.wait()
+    assert fake_engine.services.sandboxes.get(sandbox.id).status == "running"
+    gate.opened.set()
+    await tick
+    assert fake_engine.services.sandboxes.get(sandbox.id).status == "dead"
+    assert sandbox_dirs(fake_engine) == set()
+
+
+@pytest.mark.asyncio
 async def test_a_sandbox_that_fails_to_start_leaves_nothing(
     fake_engine: FakeEngine, host: FakeHost
 ) -> None:

@@ -115,7 +115,8 @@ class FakeHost:
 
     async def step(self, op: str) -> None:
         """Count ``op``, hold it at its gate, fail it if told: ``create`` and ``restore`` once
-        the guest runs, ``snapshot`` once its disk layer exists (registered, in no record)."""
+        the guest runs, ``snapshot`` once its disk layer exists (registered, in no record),
+        ``destroy`` once the guest has ended, before its files go."""
         self.calls[op] += 1
         gate = self.gates.pop(op, None)
         if gate is not None:
@@ -182,6 +183,7 @@ class FakeInstance:
     async def destroy(self) -> None:
         self._host.end(self.pid)
         await self.agent.close()
+        await self._host.step("destroy")  # a test may hold it: its files are still there
         shutil.rmtree(self._directory, ignore_errors=True)
 
 

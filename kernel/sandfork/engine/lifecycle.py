@@ -220,9 +220,11 @@ class Lifecycle(SandboxRegistry):
         for live in list(self._live.values()):
             if not live.instance.is_alive():
                 reason = live.instance.failure_reason() or "its processes exited"
-                self.mark_dead(live.record, reason)
                 self._live.pop(live.record.id, None)
-                await live.destroy()
+                try:
+                    await live.destroy()
+                finally:  # once released: a sandbox reported dead holds nothing of the host
+                    self.mark_dead(live.record, reason)
 
     def mark_dead(self, record: SandboxRecord, reason: str) -> None:
         """Record that a sandbox stopped for good, and why."""
