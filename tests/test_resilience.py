@@ -39,18 +39,20 @@ def test_guest_out_of_memory_is_contained(engine: EngineProcess) -> None:
 def test_vm_that_dies_is_reported_dead(engine: EngineProcess) -> None:
     client = engine.client()
     sb = Sandbox.create(client=client)
-    sb.exec("true")
-    os.kill(engine.sandbox_pid(sb.id), signal.SIGKILL)
-    deadline = time.monotonic() + 120  # the watch loop looks every second; a hang past this
-    while sb.refresh().status != "dead" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert sb.status == "dead"
-    assert not (engine.ram_dir / f"{sb.id}.qmp").exists()  # a dead VM's files are released
-    with pytest.raises(ConflictError, match="not running"):
+    try:
         sb.exec("true")
-    info = client.request("GET", f"/sandboxes/{sb.id}")
-    assert "signal 9" in info["error"]
-    sb.kill()
+        os.kill(engine.sandbox_pid(sb.id), signal.SIGKILL)
+        deadline = time.monotonic() + 120  # the watch loop looks every second; a hang past this
+        while sb.refresh().status != "dead" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sb.status == "dead"
+        assert not (engine.ram_dir / f"{sb.id}.qmp").exists()  # released before it is dead
+        with pytest.raises(ConflictError, match="not running"):
+            sb.exec("true")
+        info = client.request("GET", f"/sandboxes/{sb.id}")
+        assert "signal 9" in info["error"]
+    finally:
+        sb.kill()
 
 
 def test_sandboxes_survive_an_engine_restart(own_engine: EngineProcess) -> None:
