@@ -288,6 +288,7 @@ def test_the_snapshot_model_round_trips() -> None:
         "contexts": ["default"],
         "metadata": {"notebook_path": "a.ipynb"},
         "attachments": ["notebook.ipynb"],
+        "storage": "durable",
     }
     assert SnapshotInfo.from_api(data).to_api() == data
     assert json.dumps(SnapshotInfo.from_api(data).to_api())
