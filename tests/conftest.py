@@ -19,6 +19,7 @@ import requests
 
 from sandfork.backends.container.backend import engine_groups
 from sandfork.backends.container.cgroups import Cgroup, Hierarchy
+from sandfork.backends.fake import FakeHost
 from sandfork.holdpoints import HOLD_POINTS
 from sandfork.sdk import Client, NotFoundError, SandforkError
 from sandfork.templates import ensure_template
@@ -323,3 +324,11 @@ def kernel_engine_env(engine: EngineProcess) -> Iterator[None]:
 def client(engine: EngineProcess) -> Client:
     """An SDK client of the session's engine."""
     return engine.client()
+
+
+@pytest.fixture
+def host() -> Iterator[FakeHost]:
+    """The fake host of the tests of the engine's own rules (``tests/engine_fake.py``)."""
+    fake = FakeHost()
+    yield fake
+    fake.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from sandfork.backends.base import MachineSpec
 from sandfork.backends.fake import FakeBackend, FakeHost
 from sandfork.engine import boot_captures
 from sandfork.engine.boot_captures import BootCaptures
-
-
-@pytest.fixture
-def host() -> Iterator[FakeHost]:
-    fake = FakeHost()
-    yield fake
-    fake.close()
 
 
 @pytest.mark.asyncio

@@ -13,7 +13,7 @@ import base64
 import contextlib
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,13 +29,6 @@ from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, Ove
 from sandfork.engine.execution import ShellCommand
 from sandfork.engine.promotion import promote
 from sandfork.protocol import BootMode, ErrorKind, OnExpiry, SandboxStatus
-
-
-@pytest.fixture
-def host() -> Iterator[FakeHost]:
-    fake = FakeHost()
-    yield fake
-    fake.close()
 
 
 @pytest_asyncio.fixture

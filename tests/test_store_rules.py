@@ -10,7 +10,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,6 @@ from sandfork.store.chunks import ChunkStore, Uploaded, manifest_key, signed
 from sandfork.store.objects import FolderObjects
 
 HANG = 60.0  # seconds: a bound for a hang, not a speed
-
-
-@pytest.fixture
-def host() -> Iterator[FakeHost]:
-    fake = FakeHost()
-    yield fake
-    fake.close()
 
 
 @pytest_asyncio.fixture

@@ -67,8 +67,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     future.add_done_callback(lambda _: calls.put(_END))
     try:
         while (call := calls.get()) is not _END:
-            function, args = call
-            function(*args)
+            call()
     except BaseException:
         future.cancel()  # a callback failed (or the caller was interrupted): the call stops
         raise
@@ -84,7 +83,7 @@ def on_caller(callback: Callable[P, None] | None) -> Callable[P, None] | None:
     function = callback
 
     def hand_over(*args: P.args, **kwargs: P.kwargs) -> None:
-        calls.put((functools.partial(function, *args, **kwargs), ()))
+        calls.put(functools.partial(function, *args, **kwargs))
 
     return hand_over
 
