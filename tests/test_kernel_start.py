@@ -27,6 +27,17 @@ if "ipykernel_launcher" in sys.orig_argv:
     select.select([], [], [])  # blocks for good, using no CPU
 """
 
+SLOW_TO_ANSWER = """\
+import sys, time
+if "ipykernel_launcher" in sys.orig_argv:
+    from ipykernel import kernelbase
+    answer = kernelbase.Kernel.kernel_info_request
+    async def slow(self, *args, **kwargs):
+        time.sleep(0.5)  # each answer takes five first probe intervals
+        return await answer(self, *args, **kwargs)
+    kernelbase.Kernel.kernel_info_request = slow
+"""
+
 WORKING = """\
 import os, sys
 if "ipykernel_launcher" in sys.orig_argv:
@@ -79,3 +90,14 @@ async def test_a_kernel_still_working_past_the_stall_bound_is_waited_for(  # typ
     assert not done, ready.exception() if ready.done() else None
     gate.unlink()
     await ready
+
+
+@pytest.mark.asyncio
+async def test_a_kernel_slower_to_answer_than_the_probe_interval_becomes_ready(  # type: ignore[no-untyped-def]
+    start_kernel,
+) -> None:
+    """Any probe's answer means ready: waiting for the latest probe's own answer, each
+    arriving after the next probe went, never ended (a template's first boot failed so on a
+    loaded machine under TCG)."""
+    kernel = await start_kernel(SLOW_TO_ANSWER)
+    await kernel.wait_ready(stall=60.0, cap=120.0)  # bounds for a hang, not a speed

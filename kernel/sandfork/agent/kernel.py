@@ -37,8 +37,11 @@ _MPLBACKEND = "module://matplotlib_inline.backend_inline"
 # which would otherwise add up to that much to every kernel start.
 _RECONNECT_IVL_MS = 20
 # ipykernel drops shell requests that arrive while it is still starting, so the readiness
-# probe is repeated at this interval until one is answered.
+# probe is repeated until one is answered: first at this interval, doubling up to the second.
+# Any probe's answer counts: on a loaded host (or under TCG) one answer can take longer than
+# the interval, and waiting for the latest probe's own answer would never end.
 _PROBE_INTERVAL_S = 0.1
+_PROBE_INTERVAL_MAX_S = 2.0
 _STAT_CPU = slice(11, 15)  # utime, stime, cutime, cstime: fields 14-17 of /proc/PID/stat
 _IOPUB_SETTLE_S = 0.2
 
@@ -91,7 +94,7 @@ class KernelProcess:
         self._exited: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._stopping = False
         self._probe_ids: set[str] = set()
-        self._probe_replies: dict[str, asyncio.Future[None]] = {}
+        self._probe_answered = asyncio.Event()
         self._iopub_seen = asyncio.Event()
         self.own_ports: frozenset[int] = frozenset()  # its own listeners, once it is ready
 
@@ -168,32 +171,36 @@ class KernelProcess:
         started = progressed = loop.time()
         pid = self._proc.pid if self._proc is not None else None
         ticks = _cpu_ticks(pid)
-        while True:
-            if self._exited.done():
-                raise AgentError("KernelDied", f"kernel {self._exited.result()} while starting")
-            probe = self._session.msg("kernel_info_request")
-            msg_id = probe["header"]["msg_id"]
-            self._probe_ids.add(msg_id)
-            reply = self._probe_replies[msg_id] = loop.create_future()
-            await self._sockets["shell"].send_multipart(self._session.serialize(probe))
-            await asyncio.wait([reply, self._exited], timeout=_PROBE_INTERVAL_S)
-            self._probe_replies.pop(msg_id, None)
-            if reply.done():
-                # The probe's own status messages normally reach iopub around the reply.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._iopub_seen.wait(), _IOPUB_SETTLE_S)
-                if self._iopub_seen.is_set():
-                    self.own_ports = ports.listened_by(pid) if pid is not None else frozenset()
-                    return
-            now, seen = loop.time(), _cpu_ticks(pid)
-            if seen != ticks:
-                ticks, progressed = seen, now
-            if now - progressed >= stall:
-                raise AgentError(
-                    "Timeout", f"kernel used no CPU for {stall:g} s while starting: it is stuck"
-                )
-            if now - started >= cap:
-                raise AgentError("Timeout", f"kernel did not become ready within {cap:g} s")
+        interval = _PROBE_INTERVAL_S
+        answered = asyncio.ensure_future(self._probe_answered.wait())
+        waiters: list[asyncio.Future[Any]] = [answered, self._exited]
+        try:
+            while True:
+                if self._exited.done():
+                    raise AgentError("KernelDied", f"kernel {self._exited.result()} while starting")
+                probe = self._session.msg("kernel_info_request")
+                self._probe_ids.add(probe["header"]["msg_id"])
+                await self._sockets["shell"].send_multipart(self._session.serialize(probe))
+                await asyncio.wait(waiters, timeout=interval)
+                if answered.done():
+                    # The probes' own status messages normally reach iopub around the reply.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._iopub_seen.wait(), _IOPUB_SETTLE_S)
+                    if self._iopub_seen.is_set():
+                        self.own_ports = ports.listened_by(pid) if pid is not None else frozenset()
+                        return
+                now, seen = loop.time(), _cpu_ticks(pid)
+                if seen != ticks:
+                    ticks, progressed = seen, now
+                if now - progressed >= stall:
+                    raise AgentError(
+                        "Timeout", f"kernel used no CPU for {stall:g} s while starting: it is stuck"
+                    )
+                if now - started >= cap:
+                    raise AgentError("Timeout", f"kernel did not become ready within {cap:g} s")
+                interval = min(interval * 2, _PROBE_INTERVAL_MAX_S)
+        finally:
+            answered.cancel()
 
     async def send(self, channel: str, msg: Frame) -> None:
         """Sign the host's message (header and msg_id unchanged) and send it on ``channel``."""
@@ -275,9 +282,8 @@ class KernelProcess:
                 return
         parent_id = msg["parent_header"].get("msg_id")
         if parent_id in self._probe_ids:
-            reply = self._probe_replies.get(parent_id)
-            if channel == "shell" and reply is not None and not reply.done():
-                reply.set_result(None)
+            if channel == "shell":
+                self._probe_answered.set()
             return
         self._on_message(channel, msg)
 
