@@ -24,8 +24,9 @@ from sandfork.holdpoints import HOLD_POINTS
 from sandfork.sdk import Client, NotFoundError, SandforkError
 from sandfork.templates import ensure_template
 
-# jp_fetch & co. for the server extension; the check of the vm marker (tests/vm_guard.py)
-pytest_plugins = ["pytest_jupyter.jupyter_server", "vm_guard"]
+# jp_fetch & co. for the server extension; the check of the vm marker (tests/vm_guard.py);
+# what the machine was doing when a test failed (tests/machine_report.py)
+pytest_plugins = ["pytest_jupyter.jupyter_server", "vm_guard", "machine_report"]
 
 BACKEND = os.environ.get("SANDFORK_TEST_BACKEND", "vm")
 """The backend the suite's engines run sandboxes on unless a test names one: ``vm`` (the

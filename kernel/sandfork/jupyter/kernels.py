@@ -5,6 +5,11 @@ A kernel is asked which sandbox it uses now, with a ``kernel_info_request`` on i
 channel (:mod:`sandfork.proxy_kernel.kernel_info`), each time it matters: the answer goes by
 the Jupyter protocol, so it holds wherever the kernel runs and its connection file lies, and it
 follows the kernel onto another sandbox (``%restore``, ``%rewind``, a move onto a checkpoint).
+
+The proxy kernel binds its ports once it has attached: while nothing listens on the control
+port the kernel is still starting (answered at once), and once something does, the kernel is
+waited for as long as a hang allows, never for a guessed speed (a loaded machine may leave it
+unscheduled for seconds).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from sandfork.proxy_kernel import kernel_info
 
 KERNEL_NAME = "sandfork"
 ATTACH_TIMEOUT = 120.0  # seconds a new kernel may take to reach its sandbox
-ASK_TIMEOUT = 5.0  # seconds an attached kernel may take to say which sandbox it uses
+_STARTING_POLL = 0.2  # seconds between looks at a starting kernel's control port
 
 
 @dataclass(frozen=True)
@@ -71,18 +76,19 @@ async def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox
             f"kernel {kernel_id} runs {kernel.kernel_name!r}, not a Sandfork kernel: "
             "switch the notebook to 'Python 3 (Sandfork)'",
         )
-    found = await _ask(kernel, ASK_TIMEOUT)
+    found = await _ask(kernel)
     if found is None:
         raise http_error(409, f"kernel {kernel_id} is still starting its sandbox; try again")
     return found
 
 
-async def _ask(kernel: Any, timeout: float) -> KernelSandbox | None:
-    """The sandbox the kernel says it uses, else None (it has not attached, or is gone)."""
+async def _ask(kernel: Any) -> KernelSandbox | None:
+    """The sandbox the kernel says it uses, else None: it is starting (it serves no port
+    yet), is gone, or hangs (see :func:`sandfork.proxy_kernel.kernel_info.ask`)."""
     client = kernel.client()
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
-        data = await kernel_info.ask(client, timeout)
+        data = await kernel_info.ask(client)
     finally:
         client.stop_channels()
     if data is None:
@@ -107,8 +113,8 @@ async def sandbox_kernels(kernel_manager: Any) -> dict[str, str]:
 
 
 async def _ask_or_recall(kernel: Any) -> KernelSandbox | None:
-    """The kernel's answer; if it gives none in time (a loaded machine), its last one."""
-    found = await _ask(kernel, ASK_TIMEOUT)
+    """The kernel's answer; if it gives none (restarting, hung), its last one."""
+    found = await _ask(kernel)
     if found is None:
         return _last_answer.get(kernel)
     _last_answer[kernel] = found
@@ -145,12 +151,13 @@ async def wait_attached(
     an HTTP error if it exits or takes longer than :data:`ATTACH_TIMEOUT`."""
     kernel = kernel_manager.get_kernel(kernel_id)
     deadline = asyncio.get_running_loop().time() + ATTACH_TIMEOUT
-    # The kernel answers once it has attached: until then each ask runs out.
-    while (found := await _ask(kernel, 1.0)) is None:
+    # The kernel serves its ports, and so answers, once it has attached.
+    while (found := await _ask(kernel)) is None:
         if not await kernel.is_alive():
             raise http_error(500, f"the Sandfork kernel {kernel_id} exited")
         if asyncio.get_running_loop().time() > deadline:
             raise http_error(504, f"the kernel {kernel_id} did not attach in time")
+        await asyncio.sleep(_STARTING_POLL)
     if target not in (None, (found.sandbox_id, found.context)):
         attached = f"{found.sandbox_id} ({found.context})"
         raise http_error(500, f"the kernel {kernel_id} attached to {attached}, not {target}")

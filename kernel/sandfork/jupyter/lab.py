@@ -32,7 +32,6 @@ from sandfork.sdk import Client, Sandbox, SandforkError
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _KERNEL_EXIT_TIMEOUT = 15.0  # seconds a leftover kernel has to end after SIGTERM
-_ASK_TIMEOUT = 5.0  # seconds a leftover kernel has to say which sandbox it owns
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -155,7 +154,7 @@ async def _owned_sandbox(connection_file: str) -> str | None:
         return None
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
-        found = await kernel_info.ask(client, _ASK_TIMEOUT)
+        found = await kernel_info.ask(client)
     finally:
         client.stop_channels()
     return str(found["sandbox_id"]) if found and found.get("owned") else None

@@ -7,11 +7,17 @@ the guest kernel, whose reply gets the object on the way back; one on the contro
 answered by the proxy itself with the guest's last reply (once it has seen one), so that asking
 neither waits for a running cell nor wakes a hibernated sandbox. That is how the Jupyter server
 extension, and ``sandfork lab``, find a kernel's sandbox wherever the kernel runs.
+
+The proxy kernel binds its ports once it has attached to its sandbox: while nothing listens on
+the control port, it is starting (or gone), and :func:`ask` says so at once; once something
+listens, the answer is waited for as long as a hang allows, never for a guessed speed (a loaded
+machine may leave the kernel unscheduled for seconds).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 from collections.abc import Callable
@@ -23,6 +29,7 @@ from sandfork.proxy_kernel.link import GuestMessage
 from sandfork.proxy_kernel.session import Request
 from sandfork.proxy_kernel.sockets import KernelSockets
 
+ASK_TIMEOUT = 60.0  # seconds a kernel serving its ports may take to answer: a hang's bound
 KEY = "sandfork"  # the kernel_info_reply's field
 REQUEST = "kernel_info_request"
 REPLY = "kernel_info_reply"
@@ -69,10 +76,28 @@ class KernelInfo:
         return True
 
 
-async def ask(client: AsyncKernelClient, timeout: float) -> dict[str, Any] | None:
+async def serving(client: AsyncKernelClient) -> bool:
+    """Whether something listens on the control port of the kernel ``client`` reaches
+    (always true for another transport than TCP: nothing to probe)."""
+    if client.transport != "tcp" or not client.control_port:
+        return True
+    try:
+        _, writer = await asyncio.open_connection(client.ip, client.control_port)
+    except OSError:
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+async def ask(client: AsyncKernelClient, timeout: float = ASK_TIMEOUT) -> dict[str, Any] | None:
     """The ``"sandfork"`` object of the kernel ``client`` reaches (its control channel
-    started), asked on the control channel; None if it did not answer within ``timeout``
-    seconds (it is starting, restarting or gone) or is not a Sandfork kernel."""
+    started), asked on the control channel; None at once if the kernel serves no port (it is
+    starting, restarting or gone), else None if it did not answer within ``timeout`` seconds
+    (hung) or is not a Sandfork kernel."""
+    if not await serving(client):
+        return None
     msg = client.session.msg(REQUEST)
     client.control_channel.send(msg)
     loop = asyncio.get_running_loop()
