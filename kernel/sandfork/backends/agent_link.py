@@ -48,6 +48,11 @@ _LEADING_ID = re.compile(rb'\{"id": ?(\d{1,18})[,}]')  # how the agent starts ev
 
 DEFAULT_AGENT_TIMEOUT = 30.0
 """Seconds a request may wait for its reply when its caller names no deadline."""
+ADOPT_WAIT_S = 120.0
+"""How long an engine that restarted waits for the agent of a sandbox it adopts while the
+sandbox's process lives: a bound for a hang (a loaded machine, a guest under TCG), after which
+the sandbox is reported dead."""
+_PING_WAIT_S = (0.5, 8.0)  # the first ping's wait for its answer, and the most it grows to
 KERNEL_START_S = 600.0
 """How long the agent itself may take to start a kernel that keeps working (its cap,
 ``agent/contexts.py``; one stuck for a minute fails sooner; docs/agent-protocol.md)."""
@@ -118,6 +123,7 @@ class AgentLink:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last: Exception | None = None
+        wait, longest = _PING_WAIT_S
         while loop.time() < deadline:
             if alive is not None and not alive():
                 raise AgentUnavailable("the VM exited before its agent answered")
@@ -125,11 +131,14 @@ class AgentLink:
                 if not self.connected:
                     await self._open()
                 # QEMU accepts the connection before the guest is up; pings sent meanwhile
-                # wait in the port and are answered (then ignored) once the agent runs.
-                await self.request("ping", wait=0.5)
+                # wait in the port and are answered (then ignored) once the agent runs. Each
+                # ping waits longer: a guest slower to answer than the first wait must not
+                # see every ping given up just before its answer comes.
+                await self.request("ping", wait=min(wait, max(deadline - loop.time(), 0.01)))
                 return
             except (OSError, AgentUnavailable, AgentBadReply, TimeoutError) as e:
                 last = e
+                wait = min(wait * 2, longest)
                 if not self.connected:
                     await self.close()
                     await asyncio.sleep(0.02)

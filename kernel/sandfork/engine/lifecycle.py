@@ -170,6 +170,7 @@ class Lifecycle(SandboxRegistry):
         again (its capture is still there), a ``starting`` one is dropped (its creator never
         got an answer), a ``paused`` one goes on (adopting thaws it), a running one is adopted
         or marked ``dead``; hibernation captures of sandboxes not asleep go."""
+        adopting = []
         for record in list(self._records.values()):
             if record.status is SandboxStatus.WAKING:
                 record.status = SandboxStatus.HIBERNATED
@@ -184,7 +185,9 @@ class Lifecycle(SandboxRegistry):
                 if record.status is SandboxStatus.PAUSED:
                     record.status = SandboxStatus.RUNNING
                     self.db.put(record)
-                await self._adopt(record, record.pid)
+                adopting.append(self._adopt(record, record.pid))
+        # At once: one sandbox whose agent is slow to answer holds up no other.
+        await asyncio.gather(*adopting)
         await asyncio.gather(*(self._egress_ready(live) for live in self._live.values()))
         asleep = {r.id for r in self._records.values() if r.status is SandboxStatus.HIBERNATED}
         for snap in self._hibernation_captures():

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from sandfork.backends.agent_link import ADOPT_WAIT_S
 from sandfork.backends.base import CaptureRequest, MachineSpec, StartPoint
 from sandfork.backends.container import criu as criu_tools
 from sandfork.backends.container import layers
@@ -356,7 +357,7 @@ class ContainerBackend:
         if not sandbox.is_alive():
             raise ContainerError(sandbox.failure_reason() or "it has ended")
         await sandbox.thaw()  # one an earlier engine paused goes on, as a VM's adopt does
-        await sandbox.agent.connect(timeout=10.0, alive=sandbox.is_alive)
+        await sandbox.agent.connect(timeout=ADOPT_WAIT_S, alive=sandbox.is_alive)
         return sandbox
 
     def release(self, directory: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from qemu.qmp import ConnectError, QMPClient
 
-from sandfork.backends.agent_link import AgentLink
+from sandfork.backends.agent_link import ADOPT_WAIT_S, AgentLink
 from sandfork.backends.base import Captured, CaptureRequest
 from sandfork.backends.processes import sandbox_processes, start_time
 from sandfork.backends.vm.memory_layers import materialize, restore_pages, write_capture
@@ -141,7 +141,7 @@ class Machine:
 
     @classmethod
     async def adopt(
-        cls, layout: VmLayout, pid: int, timeout: float = 10.0, *, copy_memory: bool = False
+        cls, layout: VmLayout, pid: int, timeout: float = ADOPT_WAIT_S, *, copy_memory: bool = False
     ) -> Machine:
         """Re-attach to a VM started by an earlier engine process.
 
