@@ -24,11 +24,13 @@ from sandfork.backends.agent_link import AgentErrorReply
 from sandfork.backends.fake import DISK, STATE, FakeHost
 from sandfork.backends.fake_guest import TIMES_OUT
 from sandfork.engine.boot_captures import MANIFEST
+from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import Database
 from sandfork.engine.errors import ApiError, BadRequest, Conflict, NotFound, OverLimit, Timeout
 from sandfork.engine.execution import ShellCommand
+from sandfork.engine.handlers.validate import metadata_field
 from sandfork.engine.promotion import promote
-from sandfork.protocol import BootMode, ErrorKind, OnExpiry, SandboxStatus
+from sandfork.protocol import ENGINE_METADATA_KEYS, BootMode, ErrorKind, OnExpiry, SandboxStatus
 
 
 @pytest_asyncio.fixture
@@ -187,6 +189,15 @@ INSERT INTO snapshots VALUES ('snap_0123456789abcdef', NULL, '2026-01-01T00:00:0
     'sbx_0123456789abcdef', 'code-interpreter', NULL, '/l.qcow2', '{"memory_mb": 512}', '[]',
     10, 5, 0, '{"hibernation_of": "sbx_0123456789abcdef"}');
 """
+
+
+@pytest.mark.parametrize("key", sorted(ENGINE_METADATA_KEYS))
+def test_a_client_cannot_write_a_relation_the_engine_records_itself(key: str) -> None:
+    """Create, fork and snapshot read their metadata through this one check: a 400 for any
+    key the engine records itself (``promote`` trusts those relations)."""
+    with pytest.raises(BadRequest, match=f"metadata key {key!r} is the engine's own"):
+        metadata_field({"metadata": {"mine": "x", key: "sbx_0123456789abcdef"}}, EngineConfig())
+    assert metadata_field({"metadata": {"mine": "x"}}, EngineConfig()) == {"mine": "x"}
 
 
 def test_a_database_of_an_earlier_version_opens_its_relations_moved_out_of_metadata(

@@ -5,7 +5,8 @@ and every client follows it.
   objects with no change to either SDK;
 - no client module spells an API path (they build them with ``protocol.routes``);
 - no import cycle in the Python package;
-- every error of the clients survives pickling, kind and status included.
+- every error of the clients survives pickling, kind and status included;
+- the lab extension's settings take their defaults and bounds from the same limits.
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ import pytest
 
 import sandfork
 from conftest import EngineProcess
-from sandfork.protocol import ERROR_CLASSES, ErrorKind, SandboxInfo, error_for, routes
+from sandfork.protocol import (
+    CHECKPOINTS_KEPT,
+    ERROR_CLASSES,
+    MAX_BRANCHES,
+    MAX_CHECKPOINTS_KEPT,
+    ErrorKind,
+    SandboxInfo,
+    error_for,
+    routes,
+)
 from sandfork.sdk import CommandFailed, ReplayMismatch, Sandbox
 from test_typescript_sdk import _tool, built_package  # noqa: F401 (a fixture)
 
@@ -290,3 +300,15 @@ def test_an_answer_naming_no_kind_is_classed_by_its_status() -> None:
     assert type(error_for(404, "gone")) is ERROR_CLASSES[ErrorKind.NOT_FOUND]
     assert type(error_for(503, "busy")) is ERROR_CLASSES[ErrorKind.SERVER_ERROR]
     assert type(error_for(422, "no", "no-such-kind")) is ERROR_CLASSES[ErrorKind.BAD_REQUEST]
+
+
+# -- the lab extension's settings -------------------------------------------------------------
+
+
+def test_the_lab_settings_defaults_and_bounds_are_the_protocols() -> None:
+    """JSON settings cannot import Python: a changed limit fails here until they follow."""
+    schema = json.loads((REPO / "labextension" / "schema" / "plugin.json").read_text())
+    settings = schema["properties"]
+    assert settings["maxBranches"]["default"] == MAX_BRANCHES
+    assert settings["checkpointsKept"]["default"] == CHECKPOINTS_KEPT
+    assert settings["checkpointsKept"]["maximum"] == MAX_CHECKPOINTS_KEPT

@@ -9,4 +9,5 @@ MAX_ATTACHMENT_BYTES = 64 * 2**20  # all attachments of one snapshot together
 MIN_MEMORY_MB = 256  # of a sandbox, a template and an imported snapshot alike
 DEFAULT_MEMORY_MB = 1024  # of a template that names none
 CHECKPOINTS_KEPT = 20  # per-cell checkpoints a notebook kernel keeps (older ones deleted)
+MAX_CHECKPOINTS_KEPT = 10_000  # the most a kernel may be asked to keep
 DEFAULT_TEMPLATE = "code-interpreter"  # what a sandbox is created from when none is named

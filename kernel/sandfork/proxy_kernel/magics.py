@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sandfork.protocol import MAX_FORKS, is_snapshot_id
+from sandfork.protocol import MAX_CHECKPOINTS_KEPT, MAX_FORKS, is_snapshot_id
 from sandfork.proxy_kernel.checkpoints import CellCheckpoints
 from sandfork.proxy_kernel.hibernation import IdleTimer
 from sandfork.sdk import Sandbox, SandforkError, Snapshot
@@ -110,7 +110,7 @@ async def _checkpoint_magic(magic: Magic, sandbox: Sandbox, controls: KernelCont
                 checkpoints.enabled = False
             elif words[:1] == ["on"] and len(words) <= 2:
                 usage = "%checkpoints on [KEEP]"
-                kept = _count(words[1], usage, 10**4) if words[1:] else None
+                kept = _count(words[1], usage, MAX_CHECKPOINTS_KEPT) if words[1:] else None
                 await checkpoints.turn_on(sandbox, kept)
             elif words:
                 raise MagicError("usage: %checkpoints [on [KEEP]|off]")
