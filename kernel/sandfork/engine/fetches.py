@@ -47,8 +47,6 @@ class Fetches:
         chunks: ChunkStore,
         backends: Backends,
         limits: Limits,
-        template: Template,
-        sandboxes: Callable[[], list[SandboxRecord]],
         tmp_dir: Path,
         *,
         max_memory_mb: int,
@@ -58,26 +56,29 @@ class Fetches:
         self.chunks = chunks
         self.backends = backends
         self.limits = limits
-        self.template = template
-        self.sandboxes = sandboxes
         self.tmp_dir = tmp_dir
         self.max_memory_mb = max_memory_mb
         self.max_cpus = max_cpus
         self._fetching: dict[str, asyncio.Task[None]] = {}  # two restores fetch once
 
-    async def ensure(self, snapshot_id: str) -> None:
+    async def ensure(
+        self, snapshot_id: str, template: Template, sandboxes: Callable[[], list[SandboxRecord]]
+    ) -> None:
         """Make ``snapshot_id`` a local snapshot, fetching it from the store if it is not
-        here; a 404 if it is neither here nor there."""
+        here (its template found or built by ``template``; the layers no sandbox of
+        ``sandboxes()`` uses are collected after); a 404 if it is neither here nor there."""
         if self.store.has(snapshot_id):
             return
         task = self._fetching.get(snapshot_id)
         if task is None:
-            task = asyncio.create_task(self._fetch(snapshot_id))
+            task = asyncio.create_task(self._fetch(snapshot_id, template, sandboxes))
             self._fetching[snapshot_id] = task
             task.add_done_callback(lambda _: self._fetching.pop(snapshot_id, None))
         await asyncio.shield(task)  # a client that goes away does not cut another's fetch
 
-    async def _fetch(self, snapshot_id: str) -> None:
+    async def _fetch(
+        self, snapshot_id: str, template: Template, sandboxes: Callable[[], list[SandboxRecord]]
+    ) -> None:
         budget = self.limits.free_bytes()
         try:
             manifest = await asyncio.to_thread(self.chunks.manifest, snapshot_id, budget)
@@ -95,7 +96,7 @@ class Fetches:
         except ManifestError as e:
             raise ApiError(f"snapshot {snapshot_id} cannot be restored: {e}", 502) from e
         backend = self.backends[meta.backend]
-        built = await self.template(meta.fields["template"])
+        built = await template(meta.fields["template"])
         base = backend.base_disk(built)
         if (meta.machine_key, meta.base) != (backend.machine_key(), base_key(base)):
             raise Conflict(
@@ -110,7 +111,7 @@ class Fetches:
         folder = self.tmp_dir / f"fetch-{snapshot_id}"
         try:
             await asyncio.to_thread(self.chunks.fetch, manifest, folder)
-            self._register(snapshot_id, manifest, meta, backend, built, base, folder)
+            self._register(snapshot_id, manifest, meta, backend, built, base, folder, sandboxes)
         except (ManifestError, ImageError, IsADirectoryError, NotADirectoryError) as e:
             raise ApiError(f"snapshot {snapshot_id} cannot be restored: {e}", 502) from e
         except StoreError as e:
@@ -131,6 +132,7 @@ class Fetches:
         built: BuiltTemplate,
         base: Path,
         folder: Path,
+        sandboxes: Callable[[], list[SandboxRecord]],
     ) -> None:
         """Move the fetched files into place as layers and a snapshot, and list it."""
         made: list[Path] = []
@@ -169,4 +171,4 @@ class Fetches:
             self.store.publish(record, staging)
         finally:
             self.store.settle(*made)
-            self.store.collect(self.sandboxes())
+            self.store.collect(sandboxes())

@@ -53,6 +53,7 @@ class SandboxService(Lifecycle):
         *,
         hibernate_wait: float,
         egress: EgressTunnels | None = None,
+        fetches: Fetches | None = None,
     ) -> None:
         super().__init__(
             db, backends, home, store, capturer, hibernate_wait=hibernate_wait, egress=egress
@@ -67,7 +68,7 @@ class SandboxService(Lifecycle):
             ensure_template, progress=False
         )
         # Fetches a snapshot this engine lacks from the snapshot store (None: there is none).
-        self.fetches: Fetches | None = None
+        self.fetches = fetches
 
     async def start(self) -> None:
         """Adopt the sandboxes an earlier engine left running, then watch them.
@@ -204,7 +205,7 @@ class SandboxService(Lifecycle):
         (``relations``: to the sandboxes it comes from). A snapshot that is not here but in
         the snapshot store is fetched first."""
         if self.fetches is not None:
-            await self.fetches.ensure(snapshot_id)
+            await self.fetches.ensure(snapshot_id, self.template, self.all)
         with self.store.in_use(snapshot_id) as snap:
             await hold_point("restore.in_use")
             start = self.store.start_point(snap)

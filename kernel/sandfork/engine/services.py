@@ -89,6 +89,17 @@ class EngineServices:
             inventory_timeout=bounds.inventory_timeout,
             agent_timeout=bounds.agent_timeout,
         )
+        fetches = None
+        if chunks is not None:
+            fetches = Fetches(
+                store,
+                chunks,
+                backends,
+                limits,
+                store.tmp_dir,
+                max_memory_mb=bounds.max_memory_mb,
+                max_cpus=bounds.max_cpus,
+            )
         sandboxes = SandboxService(
             db,
             backends,
@@ -99,6 +110,7 @@ class EngineServices:
             limits,
             hibernate_wait=bounds.hibernate_wait,
             egress=egress,
+            fetches=fetches,
         )
         execution = ExecutionService(
             sandboxes,
@@ -109,21 +121,7 @@ class EngineServices:
             max_file_bytes=bounds.max_file_bytes,
         )
         uploads = Uploads(store, chunks, backends) if chunks is not None else None
-        snapshots = SnapshotService(
-            sandboxes, execution, store, ledger, backends, limits, home, uploads
-        )
-        if chunks is not None:
-            sandboxes.fetches = Fetches(
-                store,
-                chunks,
-                backends,
-                limits,
-                sandboxes.template,
-                sandboxes.all,
-                snapshots.tmp_dir,
-                max_memory_mb=bounds.max_memory_mb,
-                max_cpus=bounds.max_cpus,
-            )
+        snapshots = SnapshotService(sandboxes, execution, store, ledger, backends, limits, uploads)
         return cls(sandboxes, execution, snapshots, uploads)
 
     async def start(self) -> None:

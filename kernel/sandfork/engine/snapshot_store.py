@@ -93,6 +93,7 @@ class SnapshotStore:
         self.db = db
         self.dir = root / "snapshots"
         self.layers_dir = root / "layers"
+        self.tmp_dir = root / "tmp"  # exports, imports and fetches on their way
         self.scratch = scratch
         for path in (self.dir, self.layers_dir, self.scratch):
             path.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,6 @@ class SnapshotService:
         ledger: Ledger,
         backends: Backends,
         limits: Limits,
-        home: Path,
         uploads: Uploads | None = None,
     ) -> None:
         self.sandboxes = sandboxes
@@ -56,7 +55,7 @@ class SnapshotService:
         self.backends = backends
         self.limits = limits
         self.uploads = uploads  # to the snapshot store, after each capture (None: none)
-        self.tmp_dir = home / "tmp"  # export and import files; what a killed engine left goes
+        self.tmp_dir = store.tmp_dir  # export and import files; what a killed engine left goes
         exchange.reset_tmp(self.tmp_dir)
 
     def visible(
