@@ -173,7 +173,7 @@ def template(root: Path) -> BuiltTemplate:
     image = root / "template" / "rootfs.fake"
     image.parent.mkdir(parents=True, exist_ok=True)
     image.write_text("{}")
-    spec = TemplateSpec(name=TEMPLATE, memory_mb=256, cpus=1)
+    spec = TemplateSpec(name=TEMPLATE, memory_mb=256, cpu=1)
     when = datetime.datetime.now(datetime.UTC)
     return BuiltTemplate(TEMPLATE, "fake", image, image, image, "", when, spec, "fake", "fake")
 

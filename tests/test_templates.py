@@ -77,7 +77,7 @@ def test_builtin_code_interpreter_spec() -> None:
     assert spec.base == "debian:bookworm"
     for pkg in ("ipykernel", "numpy", "pandas", "matplotlib", "requests"):
         assert pkg in spec.pip
-    assert (spec.memory_mb, spec.cpus, spec.disk_size_mb) == (1024, 2, 4096)
+    assert (spec.memory_mb, spec.cpu, spec.disk_size_mb) == (1024, 2, 4096)
     assert spec.source is not None and spec.source.name == "code-interpreter.toml"
     assert "code-interpreter" in [s.name for s in list_specs()]
 
@@ -85,7 +85,13 @@ def test_builtin_code_interpreter_spec() -> None:
 def test_spec_defaults_and_name_from_file(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path / "tiny.toml", 'apt = ["git"]\n'))
     assert spec == TemplateSpec(name="tiny", apt=("git",))
-    assert (spec.disk_size_mb, spec.memory_mb, spec.cpus) == (4096, 1024, 2)
+    assert (spec.disk_size_mb, spec.memory_mb, spec.cpu) == (4096, 1024, 2)
+
+
+def test_cpus_is_read_as_cpu(tmp_path: Path) -> None:
+    """``cpus``, the field's earlier name, still reads: specs written before keep working."""
+    assert load_spec(write(tmp_path / "older.toml", "cpus = 4\n")).cpu == 4
+    assert load_spec(write(tmp_path / "newer.toml", "cpu = 3\n")).cpu == 3
 
 
 def test_user_templates_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,7 +120,9 @@ def test_user_templates_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ('apt = ["Not A Package"]', r"field 'apt\[0\]': not a Debian package name"),
         ('pip = ["--index-url=http://x"]', r"field 'pip\[0\]': pip options are not allowed"),
         ('disk_size_mb = "4G"', r"field 'disk_size_mb': expected an integer, got a string"),
+        ("cpu = true", r"field 'cpu': expected an integer, got a boolean"),
         ("cpus = true", r"field 'cpus': expected an integer, got a boolean"),
+        ("cpu = 2\ncpus = 2", r"field 'cpus': give 'cpu' only \('cpus' is its earlier name\)"),
         ("memory_mb = 64", rf"field 'memory_mb': must be between {MIN_MEMORY_MB} and"),
         ('setup = "make"', r"field 'setup': expected a list of strings"),
         ('files = ["a"]', r"field 'files': expected a table of path = content, got a list"),
@@ -163,7 +171,7 @@ def rootfs_key(text: str) -> str:
     ("old", "new"),
     [
         ('description = "one"', 'description = "two"'),
-        ("memory_mb = 1024", "memory_mb = 4096\ncpus = 8"),
+        ("memory_mb = 1024", "memory_mb = 4096\ncpu = 8"),
         ('apt = ["git", "curl"]', 'apt = ["curl", "git", "git"]'),
         ('"/a" = "A"\n"/b" = "B"', '"/b" = "B"\n"/a" = "A"'),
     ],

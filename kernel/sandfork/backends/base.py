@@ -31,13 +31,15 @@ class MachineSpec:
 
     backend: str
     memory_mb: int
-    cpus: int
+    cpu: int  # vCPUs of a VM, CPUs' worth of time of a container
     accelerator: str  # how it runs: "kvm" or "tcg" for a VM, "native" for a container
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as JSON-able data (the engine stores it)."""
-        common = {"backend": self.backend, "memory_mb": self.memory_mb, "cpus": self.cpus}
+        # "cpus": the stored name, which sandboxes, snapshots, exports and the boot captures'
+        # keys of earlier engines carry.
+        common = {"backend": self.backend, "memory_mb": self.memory_mb, "cpus": self.cpu}
         return {**self.details, **common, "accelerator": self.accelerator}
 
     @classmethod
@@ -47,7 +49,7 @@ class MachineSpec:
         return cls(
             backend=str(data.get("backend", "vm")),
             memory_mb=int(data["memory_mb"]),
-            cpus=int(data["cpus"]),
+            cpu=int(data["cpus"]),
             accelerator=str(data["accelerator"]),
             details={k: v for k, v in data.items() if k not in common},
         )
@@ -184,7 +186,7 @@ class Backend(Protocol):
         """What saved sandbox states depend on besides their spec (the hypervisor's or
         CRIU's build): a state only restores where this is the same."""
 
-    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> MachineSpec:
+    def spec(self, template: BuiltTemplate, memory_mb: int, cpu: int) -> MachineSpec:
         """The spec of a sandbox of ``template`` with these resources."""
 
     def base_disk(self, template: BuiltTemplate) -> Path:

@@ -206,8 +206,8 @@ class FakeBackend:
     def machine_key(self) -> str:
         return "fake"
 
-    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> MachineSpec:
-        return MachineSpec(self.name, memory_mb, cpus, "fake", {"template": template.name})
+    def spec(self, template: BuiltTemplate, memory_mb: int, cpu: int) -> MachineSpec:
+        return MachineSpec(self.name, memory_mb, cpu, "fake", {"template": template.name})
 
     def base_disk(self, template: BuiltTemplate) -> Path:
         return template.rootfs

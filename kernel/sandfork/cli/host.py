@@ -67,13 +67,13 @@ def _template_list(args: argparse.Namespace) -> int:
             "name": spec.name,
             "built": BuiltTemplate.find(spec) is not None,
             "memory_mb": spec.memory_mb,
-            "cpus": spec.cpus,
+            "cpu": spec.cpu,
             "description": spec.description,
         }
         for spec in list_specs()
     ]
     columns = [("name", "name"), ("built", "built"), ("memory_mb", "memory")]
-    columns += [("cpus", "cpus"), ("description", "description")]
+    columns += [("cpu", "cpu"), ("description", "description")]
     formats = {"built": lambda b: "yes" if b else "no", "memory_mb": lambda mb: f"{mb} MiB"}
     print_records(rows, columns, args.json, formats)
     return 0

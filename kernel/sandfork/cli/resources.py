@@ -15,7 +15,7 @@ def _sandbox_ls(args: argparse.Namespace) -> int:
     from sandfork.sdk import Sandbox
 
     columns = [("id", "id"), ("template", "template"), ("status", "status")]
-    columns += [("memory_mb", "memory"), ("cpu", "cpus"), ("created_at", "created")]
+    columns += [("memory_mb", "memory"), ("cpu", "cpu"), ("created_at", "created")]
     rows = [record(sb) for sb in Sandbox.list()]
     print_records(rows, columns, args.json, {"memory_mb": lambda mb: f"{mb} MiB"})
     return 0
@@ -25,7 +25,7 @@ def _sandbox_create(args: argparse.Namespace) -> int:
     from sandfork.sdk import Sandbox
 
     with console.status(f"creating a sandbox from {args.template}…"):
-        sb = Sandbox.create(args.template, memory_mb=args.memory, cpu=args.cpus, persistent=True)
+        sb = Sandbox.create(args.template, memory_mb=args.memory, cpu=args.cpu, persistent=True)
     print(sb.id)
     return 0
 
@@ -135,7 +135,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     create = _command(sandbox, common, "create", "create a sandbox, print its id", _sandbox_create)
     create.add_argument("--template", default="code-interpreter")
     create.add_argument("--memory", type=int, help="memory in MiB")
-    create.add_argument("--cpus", type=int)
+    create.add_argument("--cpu", "--cpus", type=int, dest="cpu", help="CPUs (--cpus: older name)")
     exec_ = _command(
         sandbox, common, "exec", "run a command in a sandbox, streaming its output", _sandbox_exec
     )

@@ -154,7 +154,7 @@ class Fetches:
                 made.append(layer)
                 (folder / f"memory.{i}").rename(layer)
                 memory = layer
-            spec = backend.spec(built, meta.memory_mb, meta.cpus)
+            spec = backend.spec(built, meta.memory_mb, meta.cpu)
             record = SnapshotRecord(
                 id=snapshot_id,
                 disk=str(disk),

@@ -94,7 +94,7 @@ class Lifecycle(SandboxRegistry):
             id=sandbox_id,
             template=template,
             status=SandboxStatus.STARTING,
-            cpu=spec.cpus,
+            cpu=spec.cpu,
             memory_mb=spec.memory_mb,
             created_at=now(),
             backend=spec.backend,

@@ -55,6 +55,7 @@ SNAPSHOT_FIELDS = {
     "metadata",
     "attachments",
 }
+# "cpus": the CPU count's name in export files (MachineSpec.to_dict), earlier ones included.
 _VM_FIELDS = {"kernel", "initrd", "cmdline", "memory_mb", "cpus", "accelerator"}
 
 
@@ -81,7 +82,7 @@ class Manifest:
     original_id: str
     fields: dict[str, Any]  # name, created_at, sandbox_id, template, ... (SnapshotRecord's)
     memory_mb: int
-    cpus: int
+    cpu: int
     accelerator: str
     boot_key: str
     rootfs_key: str
@@ -224,7 +225,7 @@ def parse_manifest(data: bytes, limits: ImportLimits) -> Manifest:
         original_id=original_id,
         fields=fields,
         memory_mb=vm["memory_mb"],
-        cpus=vm["cpus"],
+        cpu=vm["cpus"],
         accelerator=vm["accelerator"],
         boot_key=_str(top["boot_key"], "boot_key", _KEY),
         rootfs_key=_str(top["rootfs_key"], "rootfs_key", _KEY),

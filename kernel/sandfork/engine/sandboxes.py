@@ -165,7 +165,7 @@ class SandboxService(Lifecycle):
         built = await self.template(template)
         chosen = self.backends.choose(backend or built.spec.backend, host_access=host_access)
         memory_mb = memory_mb or built.spec.memory_mb
-        cpu = cpu or built.spec.cpus
+        cpu = cpu or built.spec.cpu
         spec = await asyncio.to_thread(chosen.spec, built, memory_mb, cpu)
         self.check_room(1, memory_mb)
         if self.boot_captures is not None:

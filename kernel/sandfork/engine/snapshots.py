@@ -240,7 +240,7 @@ class SnapshotService:
                 imported.write_bytes(inventory.sanitized(imported.read_bytes()))
             (staging / "memory.img").rename(memory)
             os.truncate(memory, manifest.memory_mb * 2**20)  # VMs map it whole
-            spec = backend.spec(built, manifest.memory_mb, manifest.cpus)
+            spec = backend.spec(built, manifest.memory_mb, manifest.cpu)
             # The saved state needs the accelerator it was taken under.
             vm = {**spec.to_dict(), "accelerator": manifest.accelerator}
             snap = manifest.record(snapshot_id, backing, vm)

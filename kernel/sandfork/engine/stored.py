@@ -30,6 +30,7 @@ STATE = "snapshot"
 MAX_LAYERS = 256
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}(/[A-Za-z0-9][A-Za-z0-9._-]{0,199})?")
 _RECORD = sorted(SNAPSHOT_FIELDS - {"id", "vm"})
+# "cpus" is the CPU count's stored name (MachineSpec.to_dict), kept for what is already stored.
 _META = {"snapshot", "backend", "machine_key", "base", "memory_mb", "cpus", "accelerator"}
 _META |= {"disk_layers", "memory_layers"}
 
@@ -76,7 +77,7 @@ class StoredMeta:
     machine_key: str
     base: str
     memory_mb: int
-    cpus: int
+    cpu: int
     accelerator: str
     disk_layers: int
     memory_layers: int
@@ -97,7 +98,7 @@ def parse_meta(meta: dict[str, Any], max_memory_mb: int, max_cpus: int) -> Store
         machine_key=checks.text(top["machine_key"], "meta.machine_key", 200, _fail),
         base=checks.matching(top["base"], "meta.base", _KEY, _fail),
         memory_mb=checks.integer(top["memory_mb"], "meta.memory_mb", 1, max_memory_mb, _fail),
-        cpus=checks.integer(top["cpus"], "meta.cpus", 1, max_cpus, _fail),
+        cpu=checks.integer(top["cpus"], "meta.cpus", 1, max_cpus, _fail),
         accelerator=checks.matching(top["accelerator"], "meta.accelerator", _KEY, _fail),
         disk_layers=checks.integer(top["disk_layers"], "meta.disk_layers", 0, MAX_LAYERS, _fail),
         memory_layers=checks.integer(

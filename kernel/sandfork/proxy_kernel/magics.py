@@ -178,7 +178,7 @@ def describe(sandbox: Sandbox) -> str:
         f"isolation: {sandbox.isolation or 'vm'}",
         f"accelerator: {sandbox.accelerator or 'unknown'}",
         f"memory: {sandbox.memory_mb} MiB",
-        f"cpus: {sandbox.cpu}",
+        f"cpu: {sandbox.cpu}",
         f"from snapshot: {sandbox.from_snapshot or '-'}",
     ]
     return "\n".join(lines)

@@ -99,9 +99,9 @@ class BuiltTemplate:
         return self.spec.memory_mb
 
     @property
-    def cpus(self) -> int:
-        """Default vCPU count of sandboxes of this template."""
-        return self.spec.cpus
+    def cpu(self) -> int:
+        """Default CPU count of sandboxes of this template."""
+        return self.spec.cpu
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, e.g. for an API response or a snapshot's metadata."""
@@ -116,7 +116,7 @@ class BuiltTemplate:
             "boot_key": self.boot_key,
             "rootfs_key": self.rootfs_key,
             "memory_mb": self.memory_mb,
-            "cpus": self.cpus,
+            "cpu": self.cpu,
         }
 
     @classmethod

@@ -10,7 +10,7 @@ A spec file looks like::
     setup = ["echo done > /etc/motd"]
     disk_size_mb = 4096
     memory_mb = 1024
-    cpus = 2
+    cpu = 2
 
     [files]
     "/etc/sandfork/hello.txt" = "hello\\n"
@@ -27,8 +27,9 @@ Fields (all optional but ``name``, which defaults to the file name):
 - ``setup``: shell commands run in the image with ``/bin/sh -c`` after the files, as root,
   with ``/opt/venv/bin`` first on ``PATH`` and the host's network and CA certificates.
 - ``disk_size_mb``: size of the root filesystem (the qcow2 image is sparse).
-- ``memory_mb`` (at least ``protocol.MIN_MEMORY_MB``), ``cpus``: defaults for sandboxes of
-  this template (not build inputs).
+- ``memory_mb`` (at least ``protocol.MIN_MEMORY_MB``), ``cpu``: defaults for sandboxes of
+  this template (not build inputs). ``cpus`` is read as ``cpu`` (its name before the wire's
+  was taken for both).
 
 Builtin specs live in ``builtin/*.toml`` next to this module; user specs in
 ``sandfork.paths.user_templates_dir()`` (a user spec with a builtin's name takes precedence).
@@ -86,7 +87,7 @@ class TemplateSpec:
     """A parsed, validated template spec.
 
     Only ``base``, ``apt``, ``pip``, ``files``, ``setup`` and ``disk_size_mb`` go into the
-    image; ``description``, ``memory_mb``, ``cpus`` and ``backend`` are metadata and sandbox
+    image; ``description``, ``memory_mb``, ``cpu`` and ``backend`` are metadata and sandbox
     defaults, so changing them does not rebuild anything.
     """
 
@@ -99,7 +100,7 @@ class TemplateSpec:
     setup: tuple[str, ...] = ()
     disk_size_mb: int = 4096
     memory_mb: int = DEFAULT_MEMORY_MB
-    cpus: int = 2
+    cpu: int = 2
     backend: str = "auto"  # what runs its sandboxes: auto, vm or container
     source: Path | None = field(default=None, compare=False)
 
@@ -135,7 +136,7 @@ class TemplateSpec:
             "setup": list(self.setup),
             "disk_size_mb": self.disk_size_mb,
             "memory_mb": self.memory_mb,
-            "cpus": self.cpus,
+            "cpu": self.cpu,
             "backend": self.backend,
         }
 
@@ -230,6 +231,7 @@ _FIELDS = (
     "setup",
     "disk_size_mb",
     "memory_mb",
+    "cpu",
     "cpus",
     "backend",
 )
@@ -300,10 +302,18 @@ def parse_spec(text: str, source: Path | str | None = None) -> TemplateSpec:
         memory_mb=c.integer(
             "memory_mb", data.get("memory_mb", DEFAULT_MEMORY_MB), MIN_MEMORY_MB, 1 << 20
         ),
-        cpus=c.integer("cpus", data.get("cpus", 2), 1, 256),
+        cpu=_cpu(c, data),
         backend=_backend(c, data.get("backend", "auto")),
         source=src_path,
     )
+
+
+def _cpu(c: _Checker, data: dict[str, Any]) -> int:
+    """``cpu``, or ``cpus`` (its earlier name); both at once is a mistake worth saying."""
+    if "cpu" in data and "cpus" in data:
+        raise c.fail("cpus", "give 'cpu' only ('cpus' is its earlier name)")
+    name = "cpus" if "cpus" in data else "cpu"
+    return c.integer(name, data.get(name, 2), 1, 256)
 
 
 def _backend(c: _Checker, value: object) -> str:

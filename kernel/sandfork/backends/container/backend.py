@@ -184,10 +184,10 @@ class ContainerBackend:
         digest = hashlib.sha256(inputs.encode()).hexdigest()[:12]
         return f"criu {self.criu().version} / container revision {CONTAINER_REVISION} / {digest}"
 
-    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> MachineSpec:
+    def spec(self, template: BuiltTemplate, memory_mb: int, cpu: int) -> MachineSpec:
         """A container of ``template`` (its tree made first, once)."""
         tree = tree_of(template)
-        return MachineSpec(self.name, memory_mb, cpus, self.accelerator, {"tree": str(tree)})
+        return MachineSpec(self.name, memory_mb, cpu, self.accelerator, {"tree": str(tree)})
 
     def base_disk(self, template: BuiltTemplate) -> Path:
         """The template's tree, the bottom of every sandbox's layers."""

@@ -66,14 +66,14 @@ class VmBackend:
             return str(e)
         return None
 
-    def spec(self, template: BuiltTemplate, memory_mb: int, cpus: int) -> MachineSpec:
+    def spec(self, template: BuiltTemplate, memory_mb: int, cpu: int) -> MachineSpec:
         """The VM description of a sandbox of ``template`` with these resources."""
         return VmSpec(
             kernel=template.kernel,
             initrd=template.initrd,
             cmdline=template.cmdline,
             memory_mb=memory_mb,
-            cpus=cpus,
+            cpu=cpu,
             accel=self.accel,
         ).machine_spec()
 

@@ -85,13 +85,13 @@ class VmSpec:
     initrd: Path
     cmdline: str
     memory_mb: int
-    cpus: int
+    cpu: int
     accel: Accelerator
 
     def machine_spec(self) -> MachineSpec:
         """The spec as the engine keeps it (the kernel, initramfs and command line are ours)."""
         details = {"kernel": str(self.kernel), "initrd": str(self.initrd), "cmdline": self.cmdline}
-        return MachineSpec("vm", self.memory_mb, self.cpus, self.accel.name, details)
+        return MachineSpec("vm", self.memory_mb, self.cpu, self.accel.name, details)
 
     @classmethod
     def from_machine_spec(cls, spec: MachineSpec) -> VmSpec:
@@ -101,7 +101,7 @@ class VmSpec:
             initrd=Path(spec.details["initrd"]),
             cmdline=str(spec.details["cmdline"]),
             memory_mb=spec.memory_mb,
-            cpus=spec.cpus,
+            cpu=spec.cpu,
             accel=Accelerator(spec.accelerator, "as recorded with the sandbox or snapshot"),
         )
 
@@ -161,7 +161,7 @@ def command_line(spec: VmSpec, layout: VmLayout, network: Network, image: Path) 
         "-M", "q35,memory-backend=ram0",
         *firmware,
         *spec.accel.qemu_args(),
-        "-smp", str(spec.cpus),
+        "-smp", str(spec.cpu),
         "-m", f"{spec.memory_mb}M",
         "-object",
         f"memory-backend-file,id=ram0,size={spec.memory_mb}M,mem-path={image},share=off",

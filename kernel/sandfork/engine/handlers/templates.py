@@ -15,7 +15,7 @@ def _describe(spec: TemplateSpec) -> dict[str, Any]:
         "name": spec.name,
         "description": spec.description,
         "memory_mb": spec.memory_mb,
-        "cpu": spec.cpus,
+        "cpu": spec.cpu,
         "built": BuiltTemplate.find(spec) is not None,
     }
 
