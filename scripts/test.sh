@@ -21,6 +21,8 @@ fi
 # One worker unless told (SANDFORK_TEST_WORKERS=2: pytest-xdist, a test file per worker); two
 # were no faster here: a TCG VM keeps both cores busy (docs/design-notes.md, "Tests").
 workers=(-n "${SANDFORK_TEST_WORKERS:-0}" --dist loadfile)
+# The slowest tests of each pass are listed at its end: where the time goes, run by run.
+report=(-ra --durations=25)
 # Where each test runs (docs/design-notes.md, "Where a test runs"): `portable` tests (the
 # contract both backends keep) in both passes, `vm_only` ones on VMs, `any_backend` ones (they
 # test what lies above the backend) once, on containers when this machine can run them.
@@ -33,7 +35,7 @@ else
 fi
 echo "==> pytest (sandboxes are VMs)"
 set +e
-SANDFORK_TEST_BACKEND=vm .venv/bin/pytest -ra "${workers[@]}" "${vm_selection[@]}" "$@"
+SANDFORK_TEST_BACKEND=vm .venv/bin/pytest "${report[@]}" "${workers[@]}" "${vm_selection[@]}" "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then
@@ -43,7 +45,7 @@ fi
 if [ -n "$why" ]; then exit "$code"; fi
 echo "==> pytest (the portable and any-backend tests; sandboxes are containers)"
 set +e
-SANDFORK_TEST_BACKEND=container .venv/bin/pytest -ra "${workers[@]}" \
+SANDFORK_TEST_BACKEND=container .venv/bin/pytest "${report[@]}" "${workers[@]}" \
   -m "(portable or any_backend) and not vm_only" "$@"
 second=$?
 set -e
