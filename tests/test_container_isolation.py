@@ -229,6 +229,26 @@ def test_no_capabilities_no_new_privileges_and_a_seccomp_filter(sandbox: Sandbox
     assert fields["Seccomp"].strip() == "2"
 
 
+def test_a_sandbox_gets_the_cpu_time_of_its_cpu_count(
+    client: Client, engine: EngineProcess
+) -> None:
+    """The kernel's own group files, read on the host: one CPU's worth of each period."""
+    before = {group.relative for group in engine.container_groups()}
+    box = Sandbox.create(cpu=1, client=client)
+    try:
+        [group] = [g for g in engine.container_groups() if g.relative not in before]
+        quotas = []
+        for directory in group.dirs:
+            if (directory / "cpu.max").exists():
+                quotas.append((directory / "cpu.max").read_text().split())
+            elif (directory / "cpu.cfs_quota_us").exists():
+                period = (directory / "cpu.cfs_period_us").read_text().strip()
+                quotas.append([(directory / "cpu.cfs_quota_us").read_text().strip(), period])
+        assert quotas == [["100000", "100000"]], quotas
+    finally:
+        box.kill()
+
+
 def test_a_fork_bomb_in_a_small_sandbox_leaves_its_agent_alive(client: Client) -> None:
     """Its processes' kernel memory must not fill the sandbox: then the OOM killer, having
     killed the bomb's processes faster than they exit, takes the agent (which shares the

@@ -226,7 +226,7 @@ class ContainerBackend:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         (directory / "root").mkdir(exist_ok=True)
         cgroup = self._cgroup(directory)
-        cgroup.create(Limits.for_sandbox(spec.memory_mb))
+        cgroup.create(Limits.for_sandbox(spec.memory_mb, spec.cpu))
         sockets = self._sockets(directory)
         config = ShimConfig(
             dir=str(directory),

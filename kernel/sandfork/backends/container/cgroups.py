@@ -28,6 +28,7 @@ ROOT = Path("/sys/fs/cgroup")
 _V1 = ("memory", "pids", "cpu", "freezer")
 _V2_NEEDED = {"memory", "pids"}
 CPU_WEIGHT = 25  # of 100 (v2; v1 shares scale it): sandboxes yield to the engine
+CPU_PERIOD_US = 100_000  # the quota's period: a sandbox of N CPUs runs N periods' worth in each
 _REMOVE_WAIT_S = 5.0
 _FREEZE_WAIT_S = 30.0  # a group of thousands of tasks under load takes a while
 #: Tasks of a sandbox beyond its user work's (tini, the agent's and its kernels' threads):
@@ -92,18 +93,20 @@ class Limits:
 
     memory_bytes: int
     pids: int
+    cpu: int  # CPUs' worth of time in each period, as a VM of that many vCPUs has at most
 
     @classmethod
-    def for_sandbox(cls, memory_mb: int) -> Limits:
-        """A sandbox of ``memory_mb``: that memory, and as many tasks as one VM exec may have
-        in it (:func:`~sandfork.agent.workloads.tasks_for_memory`) plus :data:`AGENT_TASKS`.
+    def for_sandbox(cls, memory_mb: int, cpu: int) -> Limits:
+        """A sandbox of ``memory_mb`` and ``cpu`` CPUs: that memory and CPU time, and as many
+        tasks as one VM exec may have in it (:func:`~sandfork.agent.workloads.
+        tasks_for_memory`) plus :data:`AGENT_TASKS`.
 
         The agent shares the group with user work, and where the host gives root no
         ``CAP_SYS_RESOURCE`` (this CI machine) it cannot make itself the OOM killer's last
         pick: with 4096 tasks a fork bomb's kernel memory alone filled a 512 MiB sandbox and
         the killer, having killed the bomb's processes faster than they exit, took the agent.
         """
-        return cls(memory_mb * 2**20, tasks_for_memory(memory_mb) + AGENT_TASKS)
+        return cls(memory_mb * 2**20, tasks_for_memory(memory_mb) + AGENT_TASKS, cpu)
 
 
 class Cgroup:
@@ -124,8 +127,9 @@ class Cgroup:
             with contextlib.suppress(OSError):  # no swap here is fine
                 _write(self.dirs[0] / "memory.swap.max", "0")
             _write(self.dirs[0] / "pids.max", str(limits.pids))
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # a host without the cpu controller
                 _write(self.dirs[0] / "cpu.weight", str(CPU_WEIGHT))
+                _write(self.dirs[0] / "cpu.max", f"{limits.cpu * CPU_PERIOD_US} {CPU_PERIOD_US}")
             return
         for name, root in h.v1.items():
             directory = root / self.relative
@@ -136,6 +140,8 @@ class Cgroup:
                 _write(directory / "pids.max", str(limits.pids))
             elif name == "cpu":
                 _write(directory / "cpu.shares", str(1024 * CPU_WEIGHT // 100))
+                _write(directory / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(directory / "cpu.cfs_quota_us", str(limits.cpu * CPU_PERIOD_US))
 
     def join(self) -> None:
         """Move the calling process into the group (its children follow)."""

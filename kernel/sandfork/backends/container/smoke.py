@@ -57,7 +57,7 @@ def smoke(criu: Criu, tree: Path) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=".smoke-", dir=tree.parent))
     hierarchy = Hierarchy.detect()
     cgroup = Cgroup(hierarchy, f"sandfork/smoke-{os.getpid()}")
-    cgroup.create(Limits(1024 * 2**20, 256))
+    cgroup.create(Limits(1024 * 2**20, 256, 1))
     shims: list[subprocess.Popen[bytes]] = []
     try:
         first, second = scratch / "first", scratch / "second"
