@@ -166,6 +166,29 @@ class SnapshotStore:
         path.mkdir()
         return path
 
+    def room_in_scratch(self, size: int) -> bool:
+        """Whether scratch memory has room for ``size`` bytes twice over (the rest is for
+        forks' captures and the machine)."""
+        try:
+            return shutil.disk_usage(self.scratch).free > 2 * size
+        except OSError:
+            return False
+
+    def to_disk(self, staging: Path) -> Path:
+        """A capture staged in scratch memory, copied into the snapshot folder (another
+        filesystem: no rename) as the same staging name; the memory copy goes. A crash
+        meanwhile leaves staging folders that the next start collects."""
+        if staging.parent != self.scratch:
+            return staging
+        target = self.dir / staging.name
+        try:
+            shutil.copytree(staging, target, symlinks=True)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        return target
+
     def abandon(self, snapshot_id: str, staging: Path) -> None:
         """Drop a capture that failed."""
         shutil.rmtree(staging, ignore_errors=True)
