@@ -17,19 +17,13 @@ from typing import Any
 
 from sandfork.client import EngineClient
 from sandfork.engine.config import EngineConfig
+from sandfork.engine.limits import host_memory_available
 from sandfork.engine.sandboxes import SandboxService
 from sandfork.protocol import SandboxStatus, SandforkError, routes
 
 log = logging.getLogger(__name__)
 
 _MIB = 2**20
-
-
-def host_memory_available_mb() -> int:
-    """The host's ``MemAvailable``, in MiB."""
-    with open("/proc/meminfo") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    return int(fields["MemAvailable"].split()[0]) * 1024 // _MIB
 
 
 def capacity(sandboxes: SandboxService) -> dict[str, Any]:
@@ -41,7 +35,7 @@ def capacity(sandboxes: SandboxService) -> dict[str, Any]:
     default = backends[backends.default]
     return {
         "memory_free_mb": limits.total_memory_mb - sum(r.memory_mb for r in alive),
-        "host_memory_available_mb": host_memory_available_mb(),
+        "host_memory_available_mb": host_memory_available() // _MIB,
         "sandboxes": len(alive),
         "max_sandboxes": limits.max_sandboxes,
         "backend": default.name,

@@ -21,6 +21,13 @@ def physical_memory_mb() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // _MIB
 
 
+def host_memory_available() -> int:
+    """The host's ``MemAvailable``, in bytes."""
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
 @dataclass(frozen=True)
 class Limits:
     """The engine's limits; ``0`` in a total means the default described on each field."""
@@ -65,9 +72,7 @@ class Limits:
     def check_host_memory(needed: int, what: str) -> None:
         """Refuse to start sandboxes that will take ``needed`` bytes of the host's memory at
         once (copies that share no pages) when the host has not that much available."""
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
+        available = host_memory_available()
         if needed + 256 * _MIB > available:
             raise OverLimit(
                 f"{what} need about {needed // _MIB} MiB of the host's memory, which has "

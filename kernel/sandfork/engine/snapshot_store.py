@@ -29,6 +29,7 @@ from sandfork import protocol
 from sandfork.backends.base import MachineSpec, StartPoint
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, Conflict, NotFound
+from sandfork.engine.limits import host_memory_available
 from sandfork.protocol import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
 from sandfork.protocol import SNAPSHOT_ID as SNAPSHOT_ID
 from sandfork.protocol import new_snapshot_id as new_snapshot_id
@@ -167,12 +168,13 @@ class SnapshotStore:
         return path
 
     def room_in_scratch(self, size: int) -> bool:
-        """Whether scratch memory has room for ``size`` bytes twice over (the rest is for
-        forks' captures and the machine)."""
+        """Whether scratch memory, and the host's memory, have room for ``size`` bytes twice
+        over (the rest is for forks' captures and the machine)."""
         try:
-            return shutil.disk_usage(self.scratch).free > 2 * size
+            free = min(shutil.disk_usage(self.scratch).free, host_memory_available())
         except OSError:
             return False
+        return free > 2 * size
 
     def to_disk(self, staging: Path) -> Path:
         """A capture staged in scratch memory, copied into the snapshot folder (another
