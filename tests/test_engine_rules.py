@@ -455,6 +455,27 @@ async def test_max_total_memory_refuses_before_any_work(engines: Engines, host: 
 
 
 @pytest.mark.asyncio
+async def test_a_fork_whose_copy_cannot_be_reseeded_leaves_no_copy_running(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parent = await fake_engine.create()
+    execution = fake_engine.services.execution
+    reseeded: list[str] = []
+
+    async def reseed(sandbox_id: str) -> None:
+        reseeded.append(sandbox_id)
+        if len(reseeded) == 2:
+            raise ApiError("its kernel is gone", 502)
+
+    monkeypatch.setattr(execution, "reseed_python", reseed)
+    with pytest.raises(ApiError, match="reseeding a copy failed: its kernel is gone"):
+        await fake_engine.services.snapshots.fork(parent.id, 3, metadata={}, reseed_python=True)
+    assert len(reseeded) == 3  # all at once: one failing stops none of the others
+    alive = [r.id for r in fake_engine.services.sandboxes.all()]
+    assert alive == [parent.id]
+
+
+@pytest.mark.asyncio
 async def test_a_fork_that_would_not_fit_is_refused_before_its_capture(
     engines: Engines, host: FakeHost
 ) -> None:

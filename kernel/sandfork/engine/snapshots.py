@@ -149,8 +149,14 @@ class SnapshotService:
         for child in made:
             child.from_snapshot = None
             self.sandboxes.save(child)
-            if reseed_python:
-                await self.execution.reseed_python(child.id)
+        if reseed_python:  # each child in its own sandbox: all at once
+            reseeds = [self.execution.reseed_python(child.id) for child in made]
+            done = await asyncio.gather(*reseeds, return_exceptions=True)
+            failed = [r for r in done if isinstance(r, BaseException)]
+            if failed:  # no child the caller never hears of is left running
+                for child in made:
+                    await self.sandboxes.kill(child.id)
+                raise ApiError(f"the fork failed: reseeding a copy failed: {failed[0]}", 500)
         return made
 
     async def checkpoint(self, sandbox_id: str, name: str | None) -> dict[str, Any]:
