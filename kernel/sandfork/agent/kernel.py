@@ -37,10 +37,13 @@ _MPLBACKEND = "module://matplotlib_inline.backend_inline"
 # which would otherwise add up to that much to every kernel start.
 _RECONNECT_IVL_MS = 20
 # ipykernel drops shell requests that arrive while it is still starting, so the readiness
-# probe is repeated until one is answered: first at this interval, doubling up to the second.
+# probe is repeated until one is answered: at this interval for the first seconds (a kernel
+# starting at native speed is seen at once), then doubling up to the longest (one starting
+# under TCG answers the probes queued meanwhile before the user's first cell: fewer of them).
 # Any probe's answer counts: on a loaded host (or under TCG) one answer can take longer than
 # the interval, and waiting for the latest probe's own answer would never end.
 _PROBE_INTERVAL_S = 0.1
+_PROBE_FAST_S = 2.0
 _PROBE_INTERVAL_MAX_S = 2.0
 _STAT_CPU = slice(11, 15)  # utime, stime, cutime, cstime: fields 14-17 of /proc/PID/stat
 _IOPUB_SETTLE_S = 0.2
@@ -198,7 +201,8 @@ class KernelProcess:
                     )
                 if now - started >= cap:
                     raise AgentError("Timeout", f"kernel did not become ready within {cap:g} s")
-                interval = min(interval * 2, _PROBE_INTERVAL_MAX_S)
+                if now - started >= _PROBE_FAST_S:
+                    interval = min(interval * 2, _PROBE_INTERVAL_MAX_S)
         finally:
             answered.cancel()
 
