@@ -278,6 +278,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--backends", nargs="*", default=list(BACKENDS), choices=list(BACKENDS))
+    parser.add_argument("--out", type=Path, default=OUT, help="folder of the json, md and png")
     args = parser.parse_args()
     results: dict[str, object] = {"runs": args.runs}
     engines = {
@@ -310,13 +311,14 @@ def main() -> None:
         local.close()
         for engine in engines.values():
             engine.close()
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "backends.json").write_text(json.dumps(results, indent=1))
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "backends.json").write_text(json.dumps(results, indent=1))
     text = markdown(results, args.runs)
-    (OUT / "backends.md").write_text(text)
-    plot(results, OUT / "backends.png")
+    (out / "backends.md").write_text(text)
+    plot(results, out / "backends.png")
     print(text)
-    print(f"wrote {OUT / 'backends.json'}, .md and .png (load average {os.getloadavg()[0]:.1f})")
+    print(f"wrote {out / 'backends.json'}, .md and .png (load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
