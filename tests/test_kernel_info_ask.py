@@ -7,6 +7,7 @@ and one that serves no port yet is reported at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 
@@ -15,8 +16,10 @@ import pytest_asyncio
 import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 
+from sandfork.jupyter import kernels
 from sandfork.proxy_kernel import kernel_info
 
 KEY = b"secret"
@@ -41,6 +44,19 @@ def _client(control_port: int) -> AsyncKernelClient:
 @pytest_asyncio.fixture
 async def slow_kernel() -> AsyncIterator[int]:
     """A kernel's control port whose ``kernel_info_reply`` takes longer than 5 s; its port."""
+    async with _kernel(SLOWER_THAN_THE_OLD_BOUND_S) as port:
+        yield port
+
+
+@pytest_asyncio.fixture
+async def quick_kernel() -> AsyncIterator[int]:
+    """A kernel's control port that answers at once; its port."""
+    async with _kernel(0.0) as port:
+        yield port
+
+
+@contextlib.asynccontextmanager
+async def _kernel(delay: float) -> AsyncIterator[int]:
     context = zmq.asyncio.Context()
     router = context.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
@@ -51,7 +67,7 @@ async def slow_kernel() -> AsyncIterator[int]:
             frames = await router.recv_multipart()
             idents, message = session.feed_identities(frames)
             request = session.deserialize(message)
-            await asyncio.sleep(SLOWER_THAN_THE_OLD_BOUND_S)
+            await asyncio.sleep(delay)
             content = {"status": "ok", kernel_info.KEY: ANSWER}
             session.send(router, kernel_info.REPLY, content, parent=request, ident=idents)
 
@@ -82,3 +98,21 @@ async def test_a_kernel_serving_no_port_yet_is_reported_at_once() -> None:
         assert found is None
     finally:
         client.stop_channels()
+
+
+@pytest.mark.asyncio
+async def test_two_asks_at_once_through_one_kernel_manager_are_both_answered(
+    quick_kernel: int,
+) -> None:
+    """The side panel's listing and a restore's attach ask one new kernel at once, through
+    the server's one manager of it: each gets its answer (sharing the manager's session,
+    whose id is their sockets' identity, one of the two waited out its whole bound)."""
+    manager = AsyncKernelManager(session=Session(key=KEY))
+    manager.load_connection_info(
+        {"ip": "127.0.0.1", "transport": "tcp", "control_port": quick_kernel}
+    )
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(kernels._ask(manager) for _ in range(3))),
+        30.0,  # a hang's bound
+    )
+    assert [a.sandbox_id if a else None for a in answers] == [ANSWER["sandbox_id"]] * 3

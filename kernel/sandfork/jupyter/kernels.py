@@ -22,6 +22,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_client.session import Session
+
 from sandfork.jupyter.errors import http_error
 from sandfork.proxy_kernel import kernel_info
 
@@ -85,7 +87,11 @@ async def attached_sandbox(kernel_manager: Any, kernel_id: str) -> KernelSandbox
 async def _ask(kernel: Any) -> KernelSandbox | None:
     """The sandbox the kernel says it uses, else None: it is starting (it serves no port
     yet), is gone, or hangs (see :func:`sandfork.proxy_kernel.kernel_info.ask`)."""
-    client = kernel.client()
+    # A session of its own: every client of a kernel manager shares the manager's session,
+    # whose id is the ZMQ identity of its sockets, and of two asks at once (a listing and an
+    # attach) the kernel's router answered one and lost the other's reply.
+    session = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
+    client = kernel.client(session=session)
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
         data = await kernel_info.ask(client)
