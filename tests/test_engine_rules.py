@@ -348,69 +348,6 @@ async def test_a_failed_capture_lists_nothing_and_the_sandbox_runs_on(
 
 
 @pytest.mark.asyncio
-async def test_a_snapshot_is_written_to_memory_while_frozen_and_to_the_disk_after(
-    fake_engine: FakeEngine, host: FakeHost
-) -> None:
-    """The sandbox is frozen only while its state goes to scratch memory (a disk whose
-    writeback throttles held it frozen for seconds); listed, the snapshot is on the disk."""
-    a = await fake_engine.create()
-    gate = host.gate("snapshot")  # the backend's capture, sandbox frozen
-    taking = asyncio.create_task(fake_engine.services.snapshots.snapshot(a.id, "s"))
-    await gate.reached.wait()
-    store = fake_engine.store
-    [staged] = store.scratch.iterdir()
-    assert staged.name.startswith(".tmp-snap_")
-    assert not [p for p in store.dir.iterdir() if p.name.startswith(".tmp-")]
-    gate.opened.set()
-    snap = await taking
-    assert store.path(snap.id) == store.dir / snap.id and (store.dir / snap.id).is_dir()
-    assert list(store.scratch.iterdir()) == []
-    restored = await fake_engine.restore(snap.id)
-    assert restored.status == "running"
-
-
-@pytest.mark.asyncio
-async def test_a_snapshot_goes_straight_to_the_disk_when_memory_is_short(
-    fake_engine: FakeEngine, host: FakeHost, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    a = await fake_engine.create()
-    monkeypatch.setattr(fake_engine.store, "room_in_scratch", lambda size: False)
-    gate = host.gate("snapshot")
-    taking = asyncio.create_task(fake_engine.services.snapshots.snapshot(a.id, "s"))
-    await gate.reached.wait()
-    assert [p for p in fake_engine.store.dir.iterdir() if p.name.startswith(".tmp-")]
-    assert list(fake_engine.store.scratch.iterdir()) == []
-    gate.opened.set()
-    assert (await taking).name == "s"
-
-
-@pytest.mark.asyncio
-async def test_a_snapshot_the_disk_refuses_lists_nothing_and_the_sandbox_runs_on(
-    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    a = await fake_engine.create()
-    store = fake_engine.store
-
-    def full(staging: Path) -> Path:
-        (store.dir / staging.name).mkdir()  # a part written, then the disk is full
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(store, "to_disk", full)
-    with pytest.raises(ApiError, match=r"could not be written to the disk: .*No space") as failed:
-        await fake_engine.services.snapshots.snapshot(a.id, "s")
-    assert failed.value.status == 500
-    assert fake_engine.services.snapshots.visible() == [] and fake_engine.db.snapshots() == []
-    assert list(store.scratch.iterdir()) == []
-    after = fake_engine.services.sandboxes.get(a.id)  # on the layer the capture gave it
-    assert (await fake_engine.exec(a.id, "echo on"))["stdout"] == "echo on"
-    store.collect(fake_engine.services.sandboxes.all())  # the next clean-up
-    store.drain()
-    assert [p for p in store.dir.iterdir() if not p.name.startswith(".trash-")] == []
-    *layers, _template_image = chain(after.disk)  # the capture's frozen layer and the new
-    assert fake_engine.layers() == set(layers)
-
-
-@pytest.mark.asyncio
 async def test_a_failed_restore_leaves_nothing(fake_engine: FakeEngine, host: FakeHost) -> None:
     a = await fake_engine.create()
     snap = await fake_engine.services.snapshots.snapshot(a.id, "s")

@@ -8,7 +8,6 @@ a visible one, the kernel's variable inventory: :mod:`sandfork.engine.inventory`
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from sandfork.backends.base import CaptureRequest
@@ -67,15 +66,9 @@ class Capturer:
             crash_point("snapshot.inventoried")
         snapshot_id = new_snapshot_id()
         backend = self.backends.of(record)
-        # A fork's capture is thrown away once the children run: kept off the disk if the
-        # backend can restore from memory. Any other is written to memory first too, when
-        # there is room: the sandbox is frozen while its pages are written (a container's
-        # CRIU images), and the disk's writeback, throttling writers once a few gigabytes
-        # wait, would hold it frozen for seconds; they go to the disk once it runs on.
-        in_memory = backend.captures_in_memory and (
-            hidden or self.store.room_in_scratch(live.instance.memory_bytes())
-        )
-        staging = self.store.staging(snapshot_id, in_memory=in_memory)
+        # A fork's capture is thrown away once the children run: keep it off the disk if
+        # the backend can restore from memory.
+        staging = self.store.staging(snapshot_id, in_memory=hidden and backend.captures_in_memory)
         try:
             stored = write_attachments(staging, attachments or {})
         except ApiError:
@@ -104,12 +97,6 @@ class Capturer:
             record.memory = str(captured.sandbox_memory)
         self.db.put(record)
         self.store.settle(*made)
-        if not hidden:
-            try:
-                staging = await asyncio.to_thread(self.store.to_disk, staging)
-            except OSError as e:  # its new layers, used by nothing, are collected
-                self.store.abandon(snapshot_id, staging)
-                raise ApiError(f"the snapshot could not be written to the disk: {e}", 500) from e
         snap = SnapshotRecord(
             id=snapshot_id,
             name=name,

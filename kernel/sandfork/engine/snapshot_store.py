@@ -29,7 +29,6 @@ from sandfork import protocol
 from sandfork.backends.base import MachineSpec, StartPoint
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, Conflict, NotFound
-from sandfork.engine.limits import host_memory_available
 from sandfork.protocol import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
 from sandfork.protocol import SNAPSHOT_ID as SNAPSHOT_ID
 from sandfork.protocol import new_snapshot_id as new_snapshot_id
@@ -166,30 +165,6 @@ class SnapshotStore:
         path = parent / f".tmp-{snapshot_id}"
         path.mkdir()
         return path
-
-    def room_in_scratch(self, size: int) -> bool:
-        """Whether scratch memory, and the host's memory, have room for ``size`` bytes twice
-        over (the rest is for forks' captures and the machine)."""
-        try:
-            free = min(shutil.disk_usage(self.scratch).free, host_memory_available())
-        except OSError:
-            return False
-        return free > 2 * size
-
-    def to_disk(self, staging: Path) -> Path:
-        """A capture staged in scratch memory, copied into the snapshot folder (another
-        filesystem: no rename) as the same staging name; the memory copy goes. A crash
-        meanwhile leaves staging folders that the next start collects."""
-        if staging.parent != self.scratch:
-            return staging
-        target = self.dir / staging.name
-        try:
-            shutil.copytree(staging, target, symlinks=True)
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-        return target
 
     def abandon(self, snapshot_id: str, staging: Path) -> None:
         """Drop a capture that failed."""
