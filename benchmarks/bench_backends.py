@@ -258,6 +258,7 @@ def plot(results: dict[str, object], out: Path) -> None:
     axes[0].axvline(1.0, color="grey", lw=0.5)
     axes[0].legend(fontsize=7)
     for ax, measure in zip(axes[1:], measures, strict=True):
+        sizes: set[float] = set()
         for backend in BACKENDS:
             by_size = results.get(backend)
             if not isinstance(by_size, dict):
@@ -265,8 +266,12 @@ def plot(results: dict[str, object], out: Path) -> None:
             xs = [SIZES[s] / MIB for s in by_size if measure in by_size[s]]
             ys = [by_size[s][measure] for s in by_size if measure in by_size[s]]
             ax.plot(xs, ys, "o-", label=backend)
-        ax.set(title=measure, xlabel="kernel state (MiB)", xscale="log", yscale="log")
-        ax.legend(fontsize=7)
+            sizes.update(xs)
+        ax.set(title=measure, xlabel="kernel state (MiB)")
+        if len(sizes) > 1:  # a run of one size has no scale to show
+            ax.set(xscale="log", yscale="log")
+        if sizes:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out)
 
