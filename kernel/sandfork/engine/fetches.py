@@ -47,7 +47,6 @@ class Fetches:
         chunks: ChunkStore,
         backends: Backends,
         limits: Limits,
-        tmp_dir: Path,
         *,
         max_memory_mb: int,
         max_cpus: int,
@@ -56,7 +55,6 @@ class Fetches:
         self.chunks = chunks
         self.backends = backends
         self.limits = limits
-        self.tmp_dir = tmp_dir
         self.max_memory_mb = max_memory_mb
         self.max_cpus = max_cpus
         self._fetching: dict[str, asyncio.Task[None]] = {}  # two restores fetch once
@@ -108,7 +106,7 @@ class Fetches:
             sum(s.size_bytes for s in self.store.visible()), manifest.total_bytes
         )
         started = time.monotonic()
-        folder = self.tmp_dir / f"fetch-{snapshot_id}"
+        folder = self.store.tmp_dir / f"fetch-{snapshot_id}"
         try:
             await asyncio.to_thread(self.chunks.fetch, manifest, folder)
             self._register(snapshot_id, manifest, meta, backend, built, base, folder, sandboxes)

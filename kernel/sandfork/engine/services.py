@@ -96,7 +96,6 @@ class EngineServices:
                 chunks,
                 backends,
                 limits,
-                store.tmp_dir,
                 max_memory_mb=bounds.max_memory_mb,
                 max_cpus=bounds.max_cpus,
             )
