@@ -39,6 +39,11 @@ class KernelSockets:
         for name, kind in _KINDS.items():
             sock = self._zmq.socket(kind)
             sock.linger = 1000
+            if kind == zmq.ROUTER:
+                # Clients of one kernel manager share its session id as their identity: a
+                # client made as another stops comes back under an identity the router may
+                # still hold, and without handover it ignores the newcomer for good.
+                sock.router_handover = 1
             sock.bind(f"{base}:{connection[name + '_port']}")
             self.sockets[name] = sock
 
