@@ -93,14 +93,21 @@ class GatewayProcess:
             time.sleep(0.05)
 
 
-def start_engines(gateway: GatewayProcess, homes: dict[str, Path]) -> dict[str, EngineProcess]:
-    """An engine for each name, registered with ``gateway`` (started, and seen alive)."""
+def start_engines(
+    gateway: GatewayProcess,
+    homes: dict[str, Path],
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> dict[str, EngineProcess]:
+    """An engine for each name, registered with ``gateway`` (started, and seen alive), with
+    ``args`` of ``sandfork serve`` and ``env`` besides."""
     for home in homes.values():
-        home.mkdir(parents=True, exist_ok=True)
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
     engines = {
-        name: EngineProcess(home, *gateway.engine_args(name)) for name, home in homes.items()
+        name: EngineProcess(home, *gateway.engine_args(name), *args) for name, home in homes.items()
     }
     for engine in engines.values():
+        engine.env = dict(env or {})
         engine.start()
     gateway.wait_for(
         "saw every engine",

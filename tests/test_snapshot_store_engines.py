@@ -15,45 +15,16 @@ import pytest
 from conftest import EngineProcess
 from s3_server import BUCKET, SeaweedS3, new_prefix, s3_server
 from sandfork.sdk import Sandbox
+from store_engines import HANG, containers, s3_args, storage, wait_for_storage
 
-__all__ = ["s3_server"]
-
-HANG = 300.0  # seconds: a bound for a hang on a loaded machine, not a speed
+__all__ = ["containers", "s3_server"]
 
 
 def s3_engine(home: Path, s3: SeaweedS3, prefix: str, bucket: str = BUCKET) -> EngineProcess:
     home.mkdir(mode=0o700)
-    engine = EngineProcess(
-        home,
-        "--EngineConfig.backend=container",
-        "--EngineConfig.snapshot_store=s3",
-        f"--S3Store.endpoint_url={s3.endpoint_url}",
-        f"--S3Store.bucket={bucket}",
-        f"--S3Store.prefix={prefix}",
-    )
+    engine = EngineProcess(home, *s3_args(s3, prefix, bucket))
     engine.env = s3.env
     return engine
-
-
-def storage(engine: EngineProcess, snapshot_id: str) -> str:
-    answer = engine.client().request("GET", f"/snapshots/{snapshot_id}")
-    return str(answer["storage"])
-
-
-def wait_for_storage(engine: EngineProcess, snapshot_id: str, wanted: str) -> None:
-    deadline = time.monotonic() + HANG
-    while (now := storage(engine, snapshot_id)) != wanted:
-        assert time.monotonic() < deadline, f"{snapshot_id} stayed {now}, never {wanted}"
-        time.sleep(0.1)
-
-
-@pytest.fixture
-def containers(template: None) -> None:
-    from sandfork.backends.container.backend import unavailable
-
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(f"container sandboxes cannot run here: {reason}")
 
 
 @pytest.fixture
@@ -85,7 +56,7 @@ def test_a_snapshot_taken_on_one_engine_restores_on_another(
         box.filesystem.write("/root/note.txt", "written on A")
         box.create_code_context().run_code("answer = 6 * 7")
         snapshot_id = box.snapshot(name="travels").id
-        wait_for_storage(a, snapshot_id, "durable")
+        wait_for_storage(a.client(), snapshot_id, "durable")
     finally:
         box.kill()
     assert f"{prefix}manifests/{snapshot_id}.json" in s3_server.keys(prefix)
@@ -96,7 +67,7 @@ def test_a_snapshot_taken_on_one_engine_restores_on_another(
         assert copy.create_code_context().run_code("answer").text == "42"
     finally:
         copy.kill()
-    assert storage(b, snapshot_id) == "durable"
+    assert storage(b.client(), snapshot_id) == "durable"
     fetched = b.client().request("GET", f"/snapshots/{snapshot_id}")
     assert fetched["name"] == "travels" and fetched["parent_id"] is None
 
@@ -112,19 +83,19 @@ def test_an_upload_the_store_cut_off_resumes_after_an_engine_restart(
         s3_server.kill()
         try:
             snapshot_id = box.snapshot().id
-            assert storage(a, snapshot_id) == "uploading"
+            assert storage(a.client(), snapshot_id) == "uploading"
             log = a.home / "engine.log"
             deadline = time.monotonic() + HANG
             while f"upload of snapshot {snapshot_id} failed" not in log.read_text():
                 assert time.monotonic() < deadline, "the failed upload was not logged"
                 time.sleep(0.1)
-            assert storage(a, snapshot_id) == "uploading"
+            assert storage(a.client(), snapshot_id) == "uploading"
             a.stop()  # the engine goes away with the upload not done
         finally:
             s3_server.start()
         assert not any("manifests/" in key for key in s3_server.keys(prefix))
         a.start()  # adopts the sandbox and resumes the upload
-        wait_for_storage(a, snapshot_id, "durable")
+        wait_for_storage(a.client(), snapshot_id, "durable")
         assert f"resuming the upload of snapshot {snapshot_id}" in log.read_text()
     finally:
         a.client().request("DELETE", f"/sandboxes/{box.id}")  # the restarted engine's address

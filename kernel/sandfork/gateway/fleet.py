@@ -21,6 +21,7 @@ from typing import Any
 
 from sandfork.client import EngineClient
 from sandfork.protocol import (
+    DEFAULT_MEMORY_MB,
     SANDBOX_ID,
     SNAPSHOT_ID,
     AuthError,
@@ -87,7 +88,7 @@ class Fleet:
         self._missed = missed_heartbeats
         self.engines: dict[str, Engine] = {}
         self._sandboxes: dict[str, tuple[str, dict[str, Any]]] = {}  # id: engine, last record
-        self._snapshots: dict[str, str] = {}  # id: engine
+        self._snapshots: dict[str, dict[str, dict[str, Any]]] = {}  # id: engine: record
         self._changed = asyncio.Event()
         self._was_down: dict[str, bool] = {}
 
@@ -192,10 +193,14 @@ class Fleet:
             if isinstance(ident, str) and _SANDBOX.fullmatch(ident) and "status" in record:
                 self._sandboxes[ident] = (engine.name, record)
             elif isinstance(ident, str) and _SNAPSHOT.fullmatch(ident):
-                self._snapshots[ident] = engine.name
+                self._snapshots.setdefault(ident, {})[engine.name] = record
             checkpoint = record.get("snapshot_id")
             if record.get("type") == "sandbox.checkpoint_created" and isinstance(checkpoint, str):
-                self._snapshots[checkpoint] = engine.name
+                self.holds(engine, checkpoint)
+
+    def holds(self, engine: Engine, snapshot_id: str) -> None:
+        """``engine`` holds the snapshot (a checkpoint it took, a snapshot it fetched)."""
+        self._snapshots.setdefault(snapshot_id, {}).setdefault(engine.name, {})
 
     def killed(self, sandbox_id: str) -> None:
         """The sandbox was killed through the gateway (its engine lists it no more)."""
@@ -208,10 +213,33 @@ class Fleet:
         owner = self._sandboxes.get(sandbox_id)
         return self.engines.get(owner[0]) if owner else None
 
+    def snapshot_holders(self, snapshot_id: str) -> list[Engine]:
+        """The engines known to hold the snapshot (it took it, or fetched it from the
+        snapshot store), those that answer first."""
+        held = [self.engines[n] for n in self._snapshots.get(snapshot_id, {}) if n in self.engines]
+        return sorted(held, key=lambda e: self.down_reason(e) is not None)
+
     def snapshot_owner(self, snapshot_id: str) -> Engine | None:
-        """The engine known to hold the snapshot."""
-        name = self._snapshots.get(snapshot_id)
-        return self.engines.get(name) if name else None
+        """An engine known to hold the snapshot, one that answers if any does."""
+        holders = self.snapshot_holders(snapshot_id)
+        return holders[0] if holders else None
+
+    def snapshot_memory_mb(self, snapshot_id: str) -> int:
+        """The memory a sandbox restored from the snapshot takes, as its record says."""
+        for record in self._snapshots.get(snapshot_id, {}).values():
+            memory_mb = record.get("memory_mb")
+            if isinstance(memory_mb, int) and memory_mb > 0:
+                return memory_mb
+        return DEFAULT_MEMORY_MB
+
+    def restore_places(self, snapshot_id: str) -> list[Engine]:
+        """Where a restore of the snapshot is tried, in turn: the answering engines that
+        hold it and have room, then the others with room (they fetch it from the snapshot
+        store), then the holders without room (whose refusal is then the answer)."""
+        holders = {e.name for e in self.snapshot_holders(snapshot_id)}
+        fitting = self.candidates(self.snapshot_memory_mb(snapshot_id))
+        full = [e for e in self.alive() if e.name in holders and e not in fitting]
+        return sorted(fitting, key=lambda e: e.name not in holders) + full
 
     async def find(self, path: str, owner: Callable[[], Engine | None]) -> Engine | None:
         """The owner, after asking every answering engine for ``path`` (a sandbox's or a

@@ -14,7 +14,7 @@ from typing import Any
 
 from tornado.httpclient import HTTPResponse
 
-from sandfork.gateway.base import GatewayHandler, engine_down, failure
+from sandfork.gateway.base import GatewayHandler, engine_down, no_engine
 from sandfork.gateway.fleet import Engine
 from sandfork.gateway.relay import engine_request, fetch, start_answer
 from sandfork.protocol import (
@@ -148,19 +148,43 @@ class SandboxesHandler(GatewayHandler):
         self._relay_answer(engine, response)
 
     async def _restore(self, snapshot_id: object) -> None:
-        engine = None
-        if isinstance(snapshot_id, str) and is_snapshot_id(snapshot_id):
-            path = routes.snapshot(snapshot_id)
-            engine = await self.fleet.find(path, lambda: self.fleet.snapshot_owner(snapshot_id))
-        if engine is None:  # none holds it: one says so (or what is wrong) in its own words
-            alive = self.fleet.alive()
+        """A restore goes where the snapshot is cached if that engine has room, else to one
+        with room that fetches it from the snapshot store (see :meth:`Fleet.restore_places`);
+        a snapshot no answering engine has or can fetch is a 409 naming its silent holder."""
+        if not (isinstance(snapshot_id, str) and is_snapshot_id(snapshot_id)):
+            alive = self.fleet.alive()  # one engine says what is wrong, in its own words
             if not alive:
-                raise failure("no engine answers this gateway", 502)
-            engine = alive[0]
-        reason = self.fleet.down_reason(engine)
-        if reason is not None:
-            raise engine_down(f"snapshot {snapshot_id}", engine, reason)
-        self._relay_answer(engine, await self._send(engine))
+                raise no_engine()
+            self._relay_answer(alive[0], await self._send(alive[0]))
+            return
+        owner = await self.fleet.find(
+            routes.snapshot(snapshot_id), lambda: self.fleet.snapshot_owner(snapshot_id)
+        )
+        places = self.fleet.restore_places(snapshot_id)
+        if not places:
+            if not self.fleet.alive():
+                raise no_engine()
+            raise LimitExceeded(
+                f"no engine of this gateway has room to restore snapshot {snapshot_id} "
+                f"({self.fleet.snapshot_memory_mb(snapshot_id)} MiB)"
+            )
+        holders = {e.name for e in self.fleet.snapshot_holders(snapshot_id)}
+        engine, response = places[0], None
+        for place in places:
+            if response is not None and response.code == 404 and place.name not in holders:
+                continue  # the store lacks it: another engine without it would say the same
+            engine, response = place, await self._send(place)
+            if response.code not in (404, 429):
+                break
+        assert response is not None
+        if response.code == 404 and owner is not None:
+            reason = self.fleet.down_reason(owner)
+            if reason is not None:  # only a silent engine has it
+                raise engine_down(f"snapshot {snapshot_id}", owner, reason)
+        if response.code < 300:
+            self.fleet.placed(engine, self.fleet.snapshot_memory_mb(snapshot_id))
+            self.fleet.holds(engine, snapshot_id)  # it fetched the snapshot if it lacked it
+        self._relay_answer(engine, response)
 
     async def _send(self, engine: Engine) -> HTTPResponse:
         return await fetch(self, engine, engine_request(self, engine, self.body_bytes()))
@@ -174,12 +198,15 @@ class SandboxesHandler(GatewayHandler):
 
 class SnapshotsHandler(GatewayHandler):
     """``GET``: the snapshots of every answering engine (the filters go to each), newest
-    first; a silent engine's snapshots cannot be restored, so they are not listed."""
+    first; a silent engine's snapshots are not listed (those in the snapshot store restore
+    elsewhere all the same)."""
 
     async def get(self) -> None:
         params = {k: self.get_query_argument(k) for k in self.request.query_arguments}
         listed = await _each(self, routes.SNAPSHOTS, params=params)
-        snapshots = [s for _, answer in listed for s in answer.get("snapshots", [])]
+        # A snapshot several engines hold (fetched from the store) is listed once.
+        unique = {s.get("id"): s for _, answer in listed for s in answer.get("snapshots", [])}
+        snapshots = list(unique.values())
         snapshots.sort(key=lambda s: str(s.get("created_at", "")), reverse=True)
         self.write_json({"snapshots": snapshots})
 

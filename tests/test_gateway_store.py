@@ -1,0 +1,111 @@
+"""A fleet whose engines share a snapshot store (issue 24): a gateway in front of three
+engines (container sandboxes, one each at most) whose snapshots go to one bucket of a real S3
+server (SeaweedFS). A restore goes to the engine that has the snapshot while it has room and
+to another, which fetches it from the store, when it has none; when an engine is SIGKILLed its
+sandboxes are reported dead and its durable snapshots restore on another engine with their
+files (checksums) and their kernel's variables."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from conftest import EngineProcess
+from gateway_helpers import GatewayProcess, start_engines
+from s3_server import SeaweedS3, new_prefix, s3_server
+from sandfork.protocol import routes
+from sandfork.sdk import Client, Sandbox
+from store_engines import containers, s3_args, wait_for_storage
+
+__all__ = ["containers", "s3_server"]
+
+NAMES = ["a", "b", "c"]
+BLOB = os.urandom(3 << 20)
+
+
+@pytest.fixture
+def fleet(
+    containers: None, s3_server: SeaweedS3, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[GatewayProcess, dict[str, EngineProcess]]]:
+    gateway = GatewayProcess(tmp_path_factory.mktemp("gateway"), NAMES)
+    gateway.start()
+    try:
+        # Short folders: a container's capture binds a socket there (at most 107 bytes).
+        homes = {name: tmp_path_factory.mktemp(name) / "home" for name in NAMES}
+        args = (*s3_args(s3_server, new_prefix()), "--EngineConfig.max_sandboxes=1")
+        engines = start_engines(gateway, homes, *args, env=s3_server.env)
+        try:
+            yield gateway, engines
+        finally:
+            for engine in engines.values():
+                engine.close()
+    finally:
+        gateway.stop()
+
+
+def owner(engines: dict[str, EngineProcess], sandbox_id: str) -> str:
+    """The engine that runs the sandbox, asked directly."""
+    (name,) = [n for n, e in engines.items() if e.running() and sandbox_id in e.sandbox_ids()]
+    return name
+
+
+def assert_restored(box: Sandbox) -> None:
+    """The sandbox has the snapshot's file, byte for byte, and its kernel's variable."""
+    digest = box.exec("sha256sum /root/blob", check=True).stdout.split()[0]
+    assert digest == hashlib.sha256(BLOB).hexdigest()
+    assert box.create_code_context().run_code("answer").text == "42"
+
+
+def fetched(engine: EngineProcess, snapshot_id: str) -> bool:
+    """The engine fetched the snapshot from the store (its log says so)."""
+    log = (engine.home / "engine.log").read_text(errors="replace")
+    return f"fetched snapshot {snapshot_id} from the store" in log
+
+
+@pytest.mark.container
+def test_a_snapshot_restores_where_there_is_room_and_outlives_its_engine(
+    fleet: tuple[GatewayProcess, dict[str, EngineProcess]],
+) -> None:
+    gateway, engines = fleet
+    client = Client(gateway.url, gateway.api_key)
+    box = Sandbox.create(client=client)
+    first = owner(engines, box.id)
+    box.filesystem.write("/root/blob", BLOB)
+    box.create_code_context().run_code("answer = 6 * 7")
+    snapshot_id = box.snapshot(name="travels").id
+    wait_for_storage(client, snapshot_id, "durable")
+
+    # Its engine is full (one sandbox at most): another fetches the snapshot and runs it.
+    copy = Sandbox.create(from_snapshot=snapshot_id, client=client)
+    second = owner(engines, copy.id)
+    assert second != first and fetched(engines[second], snapshot_id)
+    assert_restored(copy)
+    listed = client.request("GET", routes.SNAPSHOTS)["snapshots"]
+    assert [s["id"] for s in listed].count(snapshot_id) == 1  # held twice, listed once
+
+    # Its engine is lost: its sandbox is reported dead; the snapshot restores on the third.
+    engines[first].stop(signal.SIGKILL)
+
+    def record() -> dict[str, Any]:
+        return client.request("GET", routes.sandbox(box.id))  # type: ignore[no-any-return]
+
+    gateway.wait_for(
+        "reported the lost engine's sandbox dead", lambda: record()["status"] == "dead"
+    )
+    assert f"engine {first!r}" in record()["error"]
+    third = Sandbox.create(from_snapshot=snapshot_id, client=client)
+    last = owner(engines, third.id)
+    assert last not in (first, second) and fetched(engines[last], snapshot_id)
+    assert_restored(third)
+    third.kill()
+    copy.kill()
+
+    engines[first].start()  # back, it still runs the sandbox it had: the gateway sees it again
+    gateway.wait_for("saw the engine back", lambda: gateway.engines()[first]["alive"])
+    assert Sandbox.get(box.id, client=client).exec("echo back", check=True).stdout == "back\n"
+    box.kill()
