@@ -8,19 +8,26 @@ files (checksums) and their kernel's variables."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from jupyter_client.manager import start_new_kernel
 
 from conftest import EngineProcess
 from gateway_helpers import GatewayProcess, start_engines
+from kernel_client import execute, sandbox_id, stdout
 from s3_server import SeaweedS3, new_prefix, s3_server
 from sandfork.protocol import routes
 from sandfork.sdk import Client, Sandbox
 from store_engines import containers, s3_args, wait_for_storage
+from test_snapshots import TURNS
+from turns import TURN2_FINDS
 
 __all__ = ["containers", "s3_server"]
 
@@ -109,3 +116,62 @@ def test_a_snapshot_restores_where_there_is_room_and_outlives_its_engine(
     gateway.wait_for("saw the engine back", lambda: gateway.engines()[first]["alive"])
     assert Sandbox.get(box.id, client=client).exec("echo back", check=True).stdout == "back\n"
     box.kill()
+
+
+def hold(engine: EngineProcess) -> Sandbox:
+    """A sandbox made on ``engine`` directly: one sandbox at most, the engine is then full."""
+    return Sandbox.create(client=engine.client())
+
+
+@pytest.mark.container
+def test_the_seeds_two_turns_through_the_gateway_with_the_pandastack_sdk(
+    fleet: tuple[GatewayProcess, dict[str, EngineProcess]],
+) -> None:
+    gateway, engines = fleet
+    env = {**os.environ, "PANDASTACK_API": gateway.url, "PANDASTACK_API_KEY": gateway.api_key}
+
+    def turn(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, str(TURNS), "--pandastack", *args],
+            env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+    snapshot_id = turn("turn1")
+    client = Client(gateway.url, gateway.api_key)
+    wait_for_storage(client, snapshot_id, "durable")
+    (taker,) = [n for n, e in engines.items() if (e.home / "snapshots" / snapshot_id).exists()]
+    held = hold(engines[taker])  # turn 2 cannot run where turn 1 did: it runs on another host
+    try:
+        assert json.loads(turn("turn2", snapshot_id)) == TURN2_FINDS
+        assert [n for n in NAMES if n != taker and fetched(engines[n], snapshot_id)]
+    finally:
+        held.kill()
+
+
+@pytest.mark.container
+def test_a_jupyter_kernel_whose_sandbox_lives_on_another_host(
+    fleet: tuple[GatewayProcess, dict[str, EngineProcess]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, engines = fleet
+    held = hold(engines["a"])
+    monkeypatch.setenv("SANDFORK_API", gateway.url)
+    monkeypatch.setenv("SANDFORK_API_KEY", gateway.api_key)
+    km, kc = start_new_kernel(kernel_name="sandfork", startup_timeout=120)
+    try:
+        assert owner(engines, sandbox_id(km)) != "a"
+        execute(kc, "answer = 6 * 7")
+        assert stdout(execute(kc, "print(answer)")) == "42\n"
+        snapshot_id = stdout(execute(kc, "%snapshot")).strip()
+        execute(kc, "answer = 0")
+        # One sandbox per engine: the copy goes to the third, which fetches it once durable.
+        wait_for_storage(Client(gateway.url, gateway.api_key), snapshot_id, "durable")
+        first = sandbox_id(km)
+        execute(kc, "%restore " + snapshot_id)  # the kernel moves onto a restored copy
+        assert sandbox_id(km) != first
+        assert stdout(execute(kc, "print(answer)")) == "42\n"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()  # the kernel kills its sandbox as it goes
+        held.kill()

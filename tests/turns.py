@@ -1,17 +1,21 @@
 """The two turns of the snapshot product document, each run as its own process.
 
-    python turns.py turn1   -> prints the snapshot id
-    python turns.py turn2 ID -> prints what turn 2 finds, as JSON
+    python turns.py [--pandastack] turn1   -> prints the snapshot id
+    python turns.py [--pandastack] turn2 ID -> prints what turn 2 finds, as JSON
 
-Both find the engine through SANDFORK_API / SANDFORK_API_KEY.
+Both find the engine through SANDFORK_API / SANDFORK_API_KEY, or, with ``--pandastack`` (the
+published PandaStack SDK instead of Sandfork's), PANDASTACK_API / PANDASTACK_API_KEY.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
-from sandfork import Sandbox
+from sandfork import Sandbox as SandforkSandbox
+
+Sandbox: Any = SandforkSandbox
 
 TURN2_FINDS = {  # what turn 2 prints when turn 1's kernel, memory and disk came back
     "rows": "100000",
@@ -32,7 +36,8 @@ def turn1() -> None:
         "SUMMARY = df.describe()\n"
     )
     assert setup.error is None, setup.error
-    snapshot_id = sandbox.snapshot().id
+    snapshot = sandbox.snapshot()
+    snapshot_id = snapshot if isinstance(snapshot, str) else snapshot.id  # PandaStack's: an id
     sandbox.kill()
     print(snapshot_id)
 
@@ -58,7 +63,13 @@ def turn2(snapshot_id: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "turn1":
+    args = sys.argv[1:]
+    if args[0] == "--pandastack":
+        import pandastack
+
+        Sandbox = pandastack.Sandbox
+        args = args[1:]
+    if args[0] == "turn1":
         turn1()
     else:
-        turn2(sys.argv[2])
+        turn2(args[1])
