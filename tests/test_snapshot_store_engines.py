@@ -14,6 +14,7 @@ import pytest
 
 from conftest import EngineProcess
 from s3_server import BUCKET, SeaweedS3, new_prefix, s3_server
+from sandfork.paths import cache_dir
 from sandfork.sdk import Sandbox
 from store_engines import HANG, containers, s3_args, storage, wait_for_storage
 
@@ -121,3 +122,39 @@ def test_a_store_the_engine_cannot_use_stops_its_start(
     assert line.startswith("sandfork: error: the snapshot store cannot be used: ")
     assert message in line
     assert not (tmp_path / "engine" / "run" / "engine.json").exists()
+
+
+@pytest.mark.container
+def test_a_host_without_the_template_gets_it_with_the_snapshot(
+    two_engines: tuple[EngineProcess, EngineProcess, str], s3_server: SeaweedS3, tmp_path: Path
+) -> None:
+    a, _, prefix = two_engines
+    # A new host: a cache of its own with nothing built (CRIU installed, as setup does), and
+    # an apt mirror that refuses, so that a template build there fails at once.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "criu").symlink_to(cache_dir() / "criu")
+    fresh = s3_engine(tmp_path / "fresh", s3_server, prefix)
+    fresh.env = {
+        **s3_server.env,
+        "SANDFORK_CACHE_DIR": str(cache),
+        "SANDFORK_APT_MIRROR": "http://127.0.0.1:9",
+    }
+    box = Sandbox.create(backend="container", client=a.client())
+    try:
+        box.create_code_context().run_code("answer = 6 * 7")
+        snapshot_id = box.snapshot().id
+        wait_for_storage(a.client(), snapshot_id, "durable")
+    finally:
+        box.kill()
+    assert any(key.startswith(f"{prefix}manifests/template-") for key in s3_server.keys(prefix))
+    fresh.start()
+    try:
+        copy = Sandbox.create(from_snapshot=snapshot_id, client=fresh.client())
+        assert copy.create_code_context().run_code("answer").text == "42"
+        copy.kill()
+        log = (fresh.home / "engine.log").read_text()
+        assert "fetched template 'code-interpreter'" in log
+        assert list((cache / "rootfs").iterdir())  # imported, not built
+    finally:
+        fresh.close()

@@ -2,7 +2,8 @@
 
 When a restore names a snapshot that is not here but whose manifest is in the store, the
 engine checks the manifest as hostile input (:mod:`sandfork.store.manifest`, then the meta and
-layout: :mod:`sandfork.engine.stored`), checks that it can restore it here (the same backend
+layout: :mod:`sandfork.engine.stored`), fetches its template's build if this host lacks it
+(:mod:`sandfork.engine.template_travel`), checks that it can restore it here (the same backend
 and machine key, the same template image, within its limits), fetches every chunk (whole,
 before the start; hashes checked; chunks it has cached are read locally), writes the files
 under a temporary folder and renames them into place: the layers into its layer folder,
@@ -27,11 +28,13 @@ from sandfork.engine.errors import ApiError, Conflict, NotFound
 from sandfork.engine.limits import Limits
 from sandfork.engine.snapshot_store import SnapshotStore
 from sandfork.engine.stored import STATE, StoredMeta, base_key, check_layout, parse_meta
+from sandfork.engine.template_travel import TemplateTravel
 from sandfork.protocol import SnapshotStorage
 from sandfork.store.chunks import ChunkStore
 from sandfork.store.manifest import Manifest, ManifestError
 from sandfork.store.objects import StoreError
 from sandfork.templates import BuiltTemplate
+from sandfork.templates.errors import TemplateError
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +50,14 @@ class Fetches:
         chunks: ChunkStore,
         backends: Backends,
         limits: Limits,
+        templates: TemplateTravel,
         *,
         max_memory_mb: int,
         max_cpus: int,
     ) -> None:
         self.store = store
         self.chunks = chunks
+        self.templates = templates
         self.backends = backends
         self.limits = limits
         self.max_memory_mb = max_memory_mb
@@ -94,6 +99,15 @@ class Fetches:
         except ManifestError as e:
             raise ApiError(f"snapshot {snapshot_id} cannot be restored: {e}", 502) from e
         backend = self.backends[meta.backend]
+        if meta.template_key is not None:  # its template's build travels with it
+            try:
+                await asyncio.to_thread(
+                    self.templates.ensure, meta.fields["template"], meta.template_key, budget
+                )
+            except (StoreError, ManifestError, TemplateError) as e:
+                raise ApiError(
+                    f"snapshot {snapshot_id}'s template could not be fetched: {e}", 502
+                ) from e
         built = await template(meta.fields["template"])
         base = backend.base_disk(built)
         if (meta.machine_key, meta.base) != (backend.machine_key(), base_key(base)):

@@ -33,6 +33,7 @@ from sandfork.engine.limits import Limits
 from sandfork.engine.sandboxes import SandboxService
 from sandfork.engine.snapshot_store import SnapshotStore
 from sandfork.engine.snapshots import SnapshotService
+from sandfork.engine.template_travel import TemplateTravel
 from sandfork.engine.uploads import Uploads
 from sandfork.store.chunks import ChunkStore
 
@@ -89,13 +90,16 @@ class EngineServices:
             inventory_timeout=bounds.inventory_timeout,
             agent_timeout=bounds.agent_timeout,
         )
-        fetches = None
+        fetches = uploads = None
         if chunks is not None:
+            templates = TemplateTravel(chunks, store.tmp_dir)
+            uploads = Uploads(store, chunks, backends, templates)
             fetches = Fetches(
                 store,
                 chunks,
                 backends,
                 limits,
+                templates,
                 max_memory_mb=bounds.max_memory_mb,
                 max_cpus=bounds.max_cpus,
             )
@@ -119,7 +123,6 @@ class EngineServices:
             agent_timeout=bounds.agent_timeout,
             max_file_bytes=bounds.max_file_bytes,
         )
-        uploads = Uploads(store, chunks, backends) if chunks is not None else None
         snapshots = SnapshotService(sandboxes, execution, store, ledger, backends, limits, uploads)
         return cls(sandboxes, execution, snapshots, uploads)
 

@@ -33,6 +33,7 @@ _RECORD = sorted(SNAPSHOT_FIELDS - {"id", "vm"})
 # "cpus" is the CPU count's stored name (MachineSpec.to_dict), kept for what is already stored.
 _META = {"snapshot", "backend", "machine_key", "base", "memory_mb", "cpus", "accelerator"}
 _META |= {"disk_layers", "memory_layers"}
+_TEMPLATE_KEY = re.compile(r"[0-9a-f]{1,64}")
 
 
 def _fail(problem: str) -> ManifestError:
@@ -81,12 +82,16 @@ class StoredMeta:
     accelerator: str
     disk_layers: int
     memory_layers: int
+    template_key: str | None = None  # the template's build, in the store as well
 
 
 def parse_meta(meta: dict[str, Any], max_memory_mb: int, max_cpus: int) -> StoredMeta:
     """The meta of a fetched manifest if it is one this engine could restore, else
     :class:`ManifestError`."""
-    top = checks.fields(meta, "meta", _META, _fail)
+    top = checks.fields(meta, "meta", _META, _fail, {"template_key"})
+    template_key = top.get("template_key")
+    if template_key is not None:
+        template_key = checks.matching(template_key, "meta.template_key", _TEMPLATE_KEY, _fail)
     snap = checks.fields(
         top["snapshot"], "meta.snapshot", {"created_at", "sandbox_id", "template"}, _fail, _RECORD
     )
@@ -104,6 +109,7 @@ def parse_meta(meta: dict[str, Any], max_memory_mb: int, max_cpus: int) -> Store
         memory_layers=checks.integer(
             top["memory_layers"], "meta.memory_layers", 0, MAX_LAYERS, _fail
         ),
+        template_key=template_key,
     )
 
 

@@ -23,6 +23,7 @@ from sandfork.engine.backends import Backends
 from sandfork.engine.db import SnapshotRecord
 from sandfork.engine.snapshot_store import SnapshotStore
 from sandfork.engine.stored import sources
+from sandfork.engine.template_travel import TemplateTravel
 from sandfork.protocol import SnapshotStorage
 from sandfork.store.chunks import ChunkStore
 from sandfork.store.objects import StoreError
@@ -41,10 +42,17 @@ class _Stopped(Exception):
 class Uploads:
     """The queue of snapshots going to ``chunks``, and the task that uploads them."""
 
-    def __init__(self, store: SnapshotStore, chunks: ChunkStore, backends: Backends) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore,
+        chunks: ChunkStore,
+        backends: Backends,
+        templates: TemplateTravel,
+    ) -> None:
         self.store = store
         self.chunks = chunks
         self.backends = backends
+        self.templates = templates
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()  # set while nothing waits to be uploaded
@@ -93,7 +101,14 @@ class Uploads:
                 return  # deleted meanwhile
             snap = self.store.get(snapshot_id)
             try:
-                files, meta = sources(snap, self.store, self.backends[snap.backend])
+                backend = self.backends[snap.backend]
+                files, meta = sources(snap, self.store, backend)
+                # Its template first: a durable snapshot restores on a host without it.
+                key = await asyncio.to_thread(
+                    self.templates.upload, snap.template, meta["base"], backend
+                )
+                if key is not None:
+                    meta["template_key"] = key
                 await asyncio.to_thread(self._send, snap.id, files, meta)
                 snap.storage = SnapshotStorage.DURABLE
                 self.store.db.put_snapshot(snap)
