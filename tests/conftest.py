@@ -49,6 +49,7 @@ class EngineProcess:
         self.ram_dir = Path(tempfile.mkdtemp(prefix="sandfork-test-", dir="/dev/shm"))
         self.process: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}  # extra environment of the next start()
+        self.prefix: tuple[str, ...] = ()  # what runs the engine (`ip netns exec NS`, say)
         self.url = ""
         self.api_key = ""
 
@@ -61,6 +62,7 @@ class EngineProcess:
             port.append(f"--EngineConfig.backend={BACKEND}")
         self.process = subprocess.Popen(
             [
+                *self.prefix,
                 sys.executable,
                 "-m",
                 "sandfork",
@@ -147,23 +149,29 @@ class EngineProcess:
             problems.append(f"the engine failed to kill what was left: {e}")
         finally:
             self.stop()
-        pids = self.sandbox_pids()
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        pids, groups = self.remove_leftovers()
         if pids:
             problems.append(f"sandbox processes left running (now killed): {pids}")
-        groups = self.container_groups()
-        for group in groups:
-            group.kill()
-            group.remove()
         if groups:
-            problems.append(f"container groups left (now removed): {[g.relative for g in groups]}")
+            problems.append(f"container groups left (now removed): {groups}")
         ram_files = [p for p in self.ram_dir.rglob("*") if p.is_file()]
         if ram_files and not pids:
             problems.append(f"RAM files left behind: {ram_files}")
         shutil.rmtree(self.ram_dir, ignore_errors=True)
         if problems:
             pytest.fail(f"engine {self.home} was left unclean: " + "; ".join(problems))
+
+    def remove_leftovers(self) -> tuple[list[int], list[str]]:
+        """Kill what the engine's sandboxes left running (its processes, then its container
+        groups), as after the loss of its host; the pids and groups there were."""
+        pids = self.sandbox_pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        groups = self.container_groups()
+        for group in groups:
+            group.kill()
+            group.remove()
+        return pids, [g.relative for g in groups]
 
     def wait_for_ram_files_gone(self, timeout: float = 120.0) -> list[Path]:
         """The RAM folder's files still there after ``timeout`` (the engine deletes captures

@@ -13,6 +13,7 @@ from typing import Any
 import requests
 
 from conftest import EngineProcess
+from netns import Hosts
 from sandfork.protocol import routes
 
 HEARTBEAT_S = 0.2  # the test engines' heartbeat interval
@@ -21,10 +22,12 @@ MISSED = 50  # heartbeats missed before an engine counts as silent: 10 s, as a l
 
 
 class GatewayProcess:
-    """``sandfork gateway`` in a subprocess on loopback, with a key for each engine name."""
+    """``sandfork gateway`` in a subprocess on ``ip`` (loopback unless told), with a key for
+    each engine name."""
 
-    def __init__(self, home: Path, engine_names: list[str]) -> None:
+    def __init__(self, home: Path, engine_names: list[str], ip: str = "127.0.0.1") -> None:
         self.home = home
+        self.ip = ip
         self.engine_keys = {name: "sfe_" + secrets.token_hex(16) for name in engine_names}
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -42,7 +45,7 @@ class GatewayProcess:
         log = (self.home / "gateway.log").open("ab")
         self.process = subprocess.Popen(
             [
-                *(sys.executable, "-m", "sandfork", "gateway", "--port", "0"),
+                *(sys.executable, "-m", "sandfork", "gateway", "--port", "0", "--ip", self.ip),
                 *("--state-dir", str(self.home), "--config", str(config)),
             ],
             stdout=log,
@@ -98,16 +101,20 @@ def start_engines(
     homes: dict[str, Path],
     *args: str,
     env: dict[str, str] | None = None,
+    on: Hosts | None = None,
 ) -> dict[str, EngineProcess]:
     """An engine for each name, registered with ``gateway`` (started, and seen alive), with
-    ``args`` of ``sandfork serve`` and ``env`` besides."""
+    ``args`` of ``sandfork serve`` and ``env`` besides; each on the host of its name of
+    ``on``, listening on that host's address, if given."""
     for home in homes.values():
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    engines = {
-        name: EngineProcess(home, *gateway.engine_args(name), *args) for name, home in homes.items()
-    }
+    engines = {}
+    for name, home in homes.items():
+        where = ("--ip", on.addresses[name]) if on is not None else ()
+        engines[name] = EngineProcess(home, *gateway.engine_args(name), *args, *where)
+        engines[name].prefix = on.prefix(name) if on is not None else ()
+        engines[name].env = dict(env or {})
     for engine in engines.values():
-        engine.env = dict(env or {})
         engine.start()
     gateway.wait_for(
         "saw every engine",

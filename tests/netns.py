@@ -71,3 +71,71 @@ def veth_namespace(host_addresses: list[str], peer_address: str | None = None) -
     finally:
         subprocess.run(["ip", "link", "del", veth.host_end], capture_output=True)
         subprocess.run(["ip", "netns", "del", veth.namespace], capture_output=True)
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Machines next door made by :func:`hosts`: a network namespace for each name, and the
+    address of this host that every one of them reaches (for the servers they share)."""
+
+    service: str
+    namespaces: dict[str, str]  # name -> its namespace
+    addresses: dict[str, str]  # name -> its address
+    links: dict[str, str]  # name -> the host end of its veth pair
+
+    def prefix(self, name: str) -> tuple[str, ...]:
+        """The command prefix that runs a program on host ``name``: in its network namespace
+        and nothing else (``ip netns exec`` would also remount /sys, hiding the cgroups)."""
+        return ("nsenter", f"--net=/run/netns/{self.namespaces[name]}")
+
+    def unplug(self, name: str) -> None:
+        """Take host ``name`` off the network for good: its veth pair and namespace go."""
+        subprocess.run(["ip", "link", "del", self.links[name]], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.namespaces[name]], capture_output=True)
+
+
+@contextlib.contextmanager
+def hosts(names: list[str]) -> Iterator[Hosts]:
+    """A namespace per name (``10.<net>.<i>.2``, reached over its own veth pair) and
+    ``10.<net>.0.1``, an address of this host (on its loopback link, so it outlives any one
+    pair) that each namespace has a route to and nothing else: no default route, no
+    forwarding, nothing to the outside. Every address is checked to route as meant before
+    anything is yielded; all is removed after."""
+    tag = f"{os.getpid() % 100000}"
+    net = 100 + os.getpid() % 150  # two test runs at once use different addresses
+    service = f"10.{net}.0.1"
+    made = Hosts(
+        service,
+        {n: f"sandfork-{tag}-{n}" for n in names},
+        {n: f"10.{net}.{i + 1}.2" for i, n in enumerate(names)},
+        {n: f"sfh{tag}x{i}" for i, n in enumerate(names)},
+    )
+    try:
+        _ip("addr", "add", f"{service}/32", "dev", "lo")
+        for i, name in enumerate(names):
+            namespace, peer = made.namespaces[name], f"sfp{tag}x{i}"
+            try:
+                _ip("netns", "add", namespace)
+            except (OSError, subprocess.CalledProcessError) as e:
+                pytest.skip(f"cannot make a network namespace here: {e}")
+            _ip("link", "add", made.links[name], "type", "veth", "peer", "name", peer)
+            _ip("link", "set", peer, "netns", namespace)
+            _ip("link", "set", made.links[name], "up")
+            inside = ["netns", "exec", namespace, "ip"]
+            _ip(*inside, "link", "set", "lo", "up")
+            _ip(*inside, "addr", "add", f"{made.addresses[name]}/32", "dev", peer)
+            _ip(*inside, "link", "set", peer, "up")
+            _ip(*inside, "route", "add", f"{service}/32", "dev", peer)
+            address = f"{made.addresses[name]}/32"
+            _ip("route", "add", address, "dev", made.links[name], "src", service)
+        assert _ip("route", "get", service).startswith(f"local {service} ")
+        for name in names:
+            route = _ip("route", "get", made.addresses[name])
+            assert route.startswith(f"{made.addresses[name]} dev {made.links[name]} "), route
+            inside = _ip("netns", "exec", made.namespaces[name], "ip", "route", "show")
+            assert "default" not in inside, inside
+        yield made
+    finally:
+        for name in names:
+            made.unplug(name)
+        subprocess.run(["ip", "addr", "del", f"{service}/32", "dev", "lo"], capture_output=True)

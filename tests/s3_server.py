@@ -63,14 +63,15 @@ def weed_binary() -> str:
 
 
 class SeaweedS3:
-    """One SeaweedFS server (master, volume, filer and S3 gateway in one process)."""
+    """One SeaweedFS server (master, volume, filer and S3 gateway in one process),
+    listening on ``ip`` only."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, ip: str = "127.0.0.1") -> None:
         self.root = root
         self.data = root / "data"
         self.data.mkdir(parents=True, exist_ok=True)
         master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
-        self.endpoint_url = f"http://127.0.0.1:{s3}"
+        self.endpoint_url = f"http://{ip}:{s3}"
         config = root / "s3.json"
         config.write_text(
             json.dumps(
@@ -89,8 +90,8 @@ class SeaweedS3:
             weed_binary(),
             "server",
             f"-dir={self.data}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
+            f"-ip={ip}",
+            f"-ip.bind={ip}",
             f"-master.port={master}",
             f"-master.port.grpc={master_grpc}",
             "-master.volumeSizeLimitMB=64",
