@@ -14,11 +14,13 @@ to its first result. Prints the figures and writes ``docs/benchmarks/store.md``.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import EngineProcess
@@ -28,7 +30,7 @@ from sandfork.sdk import Sandbox
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "store.md"
 DURABLE = re.compile(
     r"snapshot (\S+) is durable: (\d+) chunks sent \(([\d.]+) MiB, ([\d.]+) MiB/s\), "
-    r"(\d+) already stored"
+    r"(\d+) already stored; ([\d.]+) MiB stored in ([\d.]+) s"
 )
 
 
@@ -45,6 +47,17 @@ def engine(home: Path, s3: SeaweedS3, prefix: str) -> EngineProcess:
     proc.env = s3.env
     proc.start()
     return proc
+
+
+def template_bytes(client: Any, prefix: str) -> int:
+    """The size of the template builds in the bucket (their manifests' files)."""
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}manifests/template-")
+    total = 0
+    for item in listed.get("Contents", []):
+        body = client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
+        manifest = json.loads(body.partition(b"\n")[2])  # after its signature's line
+        total += sum(int(e.get("size", 0)) for e in manifest["entries"])
+    return total
 
 
 def wait_durable(proc: EngineProcess, snapshot_id: str) -> None:
@@ -91,6 +104,7 @@ def main() -> None:
         client = s3.client()
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
         stored = sum(o["Size"] for page in pages for o in page.get("Contents", []))
+        template = template_bytes(client, prefix)
         local = first_result(a, ids[-1])
         fetched = first_result(b, ids[-1])
         again = first_result(b, ids[-1])
@@ -99,20 +113,25 @@ def main() -> None:
         a.close()
         s3.kill()
     sent_mib = sum(float(u[2]) for u in uploads)
-    rates = sorted(float(u[3]) for u in uploads if float(u[2]) > 1)
+    rates = sorted(float(u[5]) / float(u[6]) for u in uploads if float(u[6]) > 0)
+    snapshots_stored = max(stored - template, 1)
     lines = [
         "# Snapshot store (issue 24)",
         "",
         f"`benchmarks/bench_store.py --cells {args.cells} --cell-kib {args.cell_kib}`: one "
         f"container sandbox, {args.cells} cells each adding {args.cell_kib} KiB of random "
-        "data, a checkpoint after each; SeaweedFS on loopback; 4 MiB chunks.",
+        "data, a checkpoint after each; SeaweedFS on loopback; pages referenced where the "
+        "sandbox's previous checkpoint stored them, new ones packed into chunks of up to 4 MiB.",
         "",
         f"- checkpoints' sizes added up: {sum(sizes) / 2**20:.1f} MiB",
-        f"- bytes in the bucket (chunks and manifests): {stored / 2**20:.1f} MiB "
-        f"(dedup ratio {sum(sizes) / max(stored, 1):.2f}x)",
+        f"- bytes in the bucket (chunks and manifests): {stored / 2**20:.1f} MiB, of which the "
+        f"template's build (sent once per fleet) {template / 2**20:.1f} MiB",
+        f"- the checkpoints' share: {snapshots_stored / 2**20:.1f} MiB "
+        f"(dedup ratio {sum(sizes) / snapshots_stored:.2f}x)",
         f"- chunks sent {sum(int(u[1]) for u in uploads)}, already stored "
         f"{sum(int(u[4]) for u in uploads)}; {sent_mib:.1f} MiB sent",
-        f"- upload throughput per snapshot (median): {rates[len(rates) // 2]:.1f} MiB/s"
+        f"- upload throughput per snapshot, MiB of snapshot stored per second (median): "
+        f"{rates[len(rates) // 2]:.1f} MiB/s"
         if rates
         else "- upload throughput: nothing large enough was sent",
         f"- restore to first result, last checkpoint: on A (local) {local:.2f} s, on B "

@@ -1,11 +1,13 @@
 """The chunk store (``sandfork.store``) on a folder and on a real S3 server (SeaweedFS):
-round trips, deduplication, the manifest written last, hostile manifests, clear errors."""
+round trips, deduplication (of chunks, and of pages an earlier upload stored), the manifest
+written last, hostile manifests (and format 1's still read), clear errors."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import random
 import secrets
 import stat
 from collections.abc import Callable, Iterator
@@ -17,7 +19,7 @@ from s3_server import BUCKET, FLEET_KEY, SeaweedS3, new_prefix, s3_server
 from sandfork.store.cache import ChunkCache
 from sandfork.store.chunks import ChunkStore, chunk_key, manifest_key, signed
 from sandfork.store.config import S3Store
-from sandfork.store.manifest import CHUNK_SIZE, FORMAT, ManifestError
+from sandfork.store.manifest import CHUNK_SIZE, FORMAT, FORMAT_1, PAGE, ZERO, ManifestError
 from sandfork.store.objects import FolderObjects, ObjectStore, StoreError
 from sandfork.store.s3 import S3Objects
 
@@ -59,13 +61,13 @@ def chunk_objects(objects: ObjectStore) -> list[str]:
 
 
 def make_tree(root: Path, seed: bytes, chunks: int = 2) -> Path:
-    """A snapshot's folder: a file of ``chunks`` distinct chunks and a hole, a small
-    file, an empty one, a read-only directory and a link."""
+    """A snapshot's folder: a file of ``chunks`` chunks' worth of distinct pages, then zeros
+    (a hole, and a short tail), a small file, an empty one, a read-only directory and a
+    link."""
     root.mkdir(parents=True)
     with (root / "memory.img").open("wb") as f:
-        for i in range(chunks):
-            f.write(hashlib.sha256(seed + bytes([i])).digest() * (CHUNK_SIZE // 32))
-        f.truncate(chunks * CHUNK_SIZE + CHUNK_SIZE + 123)  # one zero chunk, a short tail
+        f.write(random.Random(seed).randbytes(chunks * CHUNK_SIZE))
+        f.truncate(chunks * CHUNK_SIZE + CHUNK_SIZE + 123)
     (root / "sub").mkdir()
     (root / "sub" / "state.json").write_text('{"x": 1}')
     (root / "sub" / "state.json").chmod(0o640)
@@ -108,7 +110,7 @@ def test_round_trip_keeps_files_modes_links_and_holes(store: ChunkStore, tmp_pat
     store.fetch(manifest, out)
     same_tree(src, out / "snapshot")
     memory = out / "snapshot" / "memory.img"
-    assert memory.stat().st_blocks * 512 < memory.stat().st_size  # the zero chunk is a hole
+    assert memory.stat().st_blocks * 512 < memory.stat().st_size  # the zeros are a hole
     assert not list(tmp_path.glob(".fetch-*"))
 
 
@@ -117,14 +119,14 @@ def test_identical_chunks_are_stored_once(
 ) -> None:
     first = make_tree(tmp_path / "a", b"shared", chunks=3)
     one = store.upload("snap-1", {"snapshot": first}, {})
-    # 3 distinct chunks, a zero chunk, a short tail, the small file: 6 objects.
-    assert (one.sent, len(chunk_objects(objects))) == (6, 6)
+    # 3 chunks of pages (the zeros are holes, stored as nothing) and the small file.
+    assert (one.sent, len(chunk_objects(objects))) == (4, 4)
     second = make_tree(tmp_path / "b", b"shared", chunks=3)
     (second / "extra.bin").write_bytes(b"\1" * 1000)
     fresh = ChunkStore(objects, ChunkCache(tmp_path / "cache2", 0), FLEET_KEY)  # another host
-    two = fresh.upload("snap-2", {"snapshot": second}, {})
-    assert (two.sent, two.skipped) == (1, 6)
-    assert len(chunk_objects(objects)) == 7
+    two = fresh.upload("snap-2", {"snapshot": second}, {})  # no pages known: packed alike
+    assert (two.sent, two.skipped) == (1, 4)
+    assert len(chunk_objects(objects)) == 5
     assert objects.keys("manifests/") == [manifest_key("snap-1"), manifest_key("snap-2")]
 
 
@@ -143,8 +145,8 @@ def test_the_manifest_is_last_when_the_server_dies_mid_upload(
     objects = s3_objects(credentials, new_prefix())
     store = ChunkStore(objects, ChunkCache(tmp_path / "cache", 0), FLEET_KEY)
     src = make_tree(tmp_path / "a", b"killed")
-    _entries, sent, _, _ = store.put_files({"snapshot": src})
-    assert sent == 5
+    _entries, done = store.put_files({"snapshot": src})
+    assert done.sent == 3
     credentials.kill()
     try:
         with pytest.raises(StoreError, match="cannot be reached"):
@@ -156,15 +158,51 @@ def test_the_manifest_is_last_when_the_server_dies_mid_upload(
     again = ChunkStore(objects, ChunkCache(tmp_path / "cache2", 0), FLEET_KEY).upload(
         "snap-1", {"snapshot": src}, {}
     )
-    assert again.committed and (again.sent, again.skipped) == (0, 5)  # it resumed
+    assert again.committed and (again.sent, again.skipped) == (0, 3)  # it resumed
     assert store.is_durable("snap-1")
+
+
+def test_an_upload_given_the_last_ones_pages_sends_only_the_changed_pages(
+    store: ChunkStore, objects: ObjectStore, tmp_path: Path
+) -> None:
+    src = make_tree(tmp_path / "a", b"before", chunks=2)
+    one = store.upload("snap-1", {"snapshot": src}, {})
+    memory = src / "memory.img"
+    data = bytearray(memory.read_bytes())
+    for page in (3, 700, 1500):  # scattered over both chunks, as a process's writes are
+        data[page * PAGE : page * PAGE + 8] = b"changed!"
+    memory.write_bytes(bytes(data))
+    two = store.upload("snap-2", {"snapshot": src}, {}, known=one.pages)
+    assert (two.sent, two.bytes_sent) == (1, 3 * PAGE)  # the three pages, packed in one chunk
+    data[5 * PAGE] ^= 1
+    memory.write_bytes(bytes(data))
+    three = store.upload("snap-3", {"snapshot": src}, {}, known=two.pages)
+    assert (three.sent, three.bytes_sent) == (1, PAGE)  # its pages are all the next one knows
+    manifest = store.manifest("snap-3", LIMIT)
+    assert manifest is not None
+    store.fetch(manifest, tmp_path / "out")
+    same_tree(src, tmp_path / "out" / "snapshot")
+
+
+def test_a_format_1_manifest_still_restores(
+    store: ChunkStore, objects: ObjectStore, tmp_path: Path
+) -> None:
+    whole = random.Random(1).randbytes(CHUNK_SIZE)
+    chunks = [put_chunk(objects, whole), put_chunk(objects, b"tail")]
+    entry = {"name": "x", "kind": "file", "mode": 0o600, "size": CHUNK_SIZE + 4, "chunks": chunks}
+    doc = {"format": FORMAT_1, "snapshot_id": "evil", "chunk_size": CHUNK_SIZE, "meta": {}}
+    put_signed(objects, json.dumps({**doc, "entries": [entry]}).encode())
+    manifest = store.manifest("evil", LIMIT)
+    assert manifest is not None
+    store.fetch(manifest, tmp_path / "out")
+    assert (tmp_path / "out" / "x").read_bytes() == whole + b"tail"
 
 
 # --- hostile manifests ---------------------------------------------------------------------
 
 
 def put_manifest(objects: ObjectStore, entries: list[dict[str, object]], **top: object) -> None:
-    doc = {"format": FORMAT, "snapshot_id": "evil", "chunk_size": CHUNK_SIZE, "meta": {}}
+    doc = {"format": FORMAT, "snapshot_id": "evil", "meta": {}}
     doc |= {"entries": entries, **top}
     put_signed(objects, json.dumps(doc).encode())
 
@@ -181,8 +219,11 @@ def put_chunk(objects: ObjectStore, data: bytes, digest: str | None = None) -> s
     return digest
 
 
-def file_entry(name: str, size: int, chunks: list[str]) -> dict[str, object]:
-    return {"name": name, "kind": "file", "mode": 0o644, "size": size, "chunks": chunks}
+def file_entry(name: str, size: int, spans: list[list[object]]) -> dict[str, object]:
+    return {"name": name, "kind": "file", "mode": 0o644, "size": size, "spans": spans}
+
+
+A_CHUNK = hashlib.sha256(b"a chunk").hexdigest()
 
 
 HOSTILE: dict[str, tuple[Callable[[ObjectStore], None], str]] = {
@@ -208,7 +249,44 @@ HOSTILE: dict[str, tuple[Callable[[ObjectStore], None], str]] = {
         lambda o: put_manifest(o, [file_entry("x", 2**50, [])]),
         "must be an integer from 0",
     ),
-    "too few chunks": (lambda o: put_manifest(o, [file_entry("x", 10, [])]), "must list the 1"),
+    "spans short of the size": (
+        lambda o: put_manifest(o, [file_entry("x", 10, [])]),
+        "add up to 0 bytes, not its size 10",
+    ),
+    "a span past its chunk": (
+        lambda o: put_manifest(
+            o, [file_entry("x", 2 * PAGE, [[A_CHUNK, CHUNK_SIZE - PAGE, 2 * PAGE]])]
+        ),
+        "not whole pages of one chunk",
+    ),
+    "a span inside a page": (
+        lambda o: put_manifest(o, [file_entry("x", PAGE, [[A_CHUNK, 100, PAGE]])]),
+        "not whole pages of one chunk",
+    ),
+    "a part page first": (
+        lambda o: put_manifest(
+            o, [file_entry("x", PAGE + 10, [[A_CHUNK, 0, 10], [A_CHUNK, PAGE, PAGE]])]
+        ),
+        "not whole pages of one chunk",
+    ),
+    "more spans than pages": (
+        lambda o: put_manifest(o, [file_entry("x", 10, [[A_CHUNK, 0, 5], [A_CHUNK, 0, 5]])]),
+        "at most one span per page",
+    ),
+    "a hole at an offset": (
+        lambda o: put_manifest(o, [file_entry("x", PAGE, [[ZERO, PAGE, PAGE]])]),
+        "a hole at an offset or of part of a page",
+    ),
+    "a span not a triple": (
+        lambda o: put_manifest(o, [file_entry("x", PAGE, [[A_CHUNK, 0]])]),
+        "must be \\[chunk, offset, length\\]",
+    ),
+    "format 1's chunks in format 2": (
+        lambda o: put_manifest(
+            o, [{"name": "x", "kind": "file", "mode": 0o644, "size": 3, "chunks": [A_CHUNK]}]
+        ),
+        "it has no 'chunks'",
+    ),
     "a device": (
         lambda o: put_manifest(o, [{"name": "sda", "kind": "block", "mode": 0o600}]),
         "kind must be one of",
@@ -263,27 +341,27 @@ def test_a_chunk_that_does_not_match_its_hash_is_refused(
     store: ChunkStore, objects: ObjectStore, tmp_path: Path
 ) -> None:
     digest = put_chunk(objects, b"tampered", hashlib.sha256(b"original").hexdigest())
-    put_manifest(objects, [file_entry("x", 8, [digest])])
+    put_manifest(objects, [file_entry("x", 8, [[digest, 0, 8]])])
     fetch_refused(store, tmp_path, "does not match its hash")
 
 
-def test_a_chunk_of_the_wrong_length_is_refused(
+def test_a_span_beyond_its_chunk_is_refused(
     store: ChunkStore, objects: ObjectStore, tmp_path: Path
 ) -> None:
     digest = put_chunk(objects, b"short")
-    put_manifest(objects, [file_entry("x", 4096, [digest])])
-    fetch_refused(store, tmp_path, "has 5 bytes where the manifest says 4096")
+    put_manifest(objects, [file_entry("x", PAGE, [[digest, 0, PAGE]])])
+    fetch_refused(store, tmp_path, "ends at byte 4096 of a chunk of 5 bytes")
 
 
 def test_a_missing_chunk_is_refused(
     store: ChunkStore, objects: ObjectStore, tmp_path: Path
 ) -> None:
-    put_manifest(objects, [file_entry("x", 3, [hashlib.sha256(b"abc").hexdigest()])])
+    put_manifest(objects, [file_entry("x", 3, [[hashlib.sha256(b"abc").hexdigest(), 0, 3]])])
     fetch_refused(store, tmp_path, "missing from the bucket")
 
 
 def test_a_manifest_over_the_budget_is_refused(store: ChunkStore, objects: ObjectStore) -> None:
-    put_manifest(objects, [file_entry("x", LIMIT, ["0" * 64] * (LIMIT // CHUNK_SIZE))] * 1)
+    put_manifest(objects, [file_entry("x", LIMIT, [[ZERO, 0, CHUNK_SIZE]] * (LIMIT // CHUNK_SIZE))])
     assert store.manifest("evil", LIMIT) is not None
     with pytest.raises(ManifestError, match="integer from 0 to"):
         store.manifest("evil", LIMIT - 1)

@@ -52,7 +52,7 @@ class TemplateTravel:
         built = BuiltTemplate.find(name)
         if built is None or base_key(backend.base_disk(built)) != base:
             log.warning(
-                "template %r of image %s is not here: it stays out of the store", name, base
+                "template %r of image %s is not built here: not put in the store", name, base
             )
             return None
         ident = object_id(name, built.key)

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,14 @@ from sandfork.engine.template_travel import TemplateTravel
 from sandfork.protocol import SnapshotStorage
 from sandfork.store.chunks import ChunkStore
 from sandfork.store.objects import StoreError
+from sandfork.store.pages import PageIndex
 
 log = logging.getLogger(__name__)
 
 RETRY_FIRST = 1.0  # seconds before the first retry of an unreachable store; doubling after
 RETRY_MOST = 60.0
 PROGRESS_STEP = 64 * 2**20  # bytes between two progress lines in the log
+PAGE_INDEXES = 4  # sandboxes whose last upload's pages are kept (about 40 MB per GiB)
 
 
 class _Stopped(Exception):
@@ -53,6 +56,9 @@ class Uploads:
         self.chunks = chunks
         self.backends = backends
         self.templates = templates
+        # The pages of the last upload of each of the latest sandboxes: a checkpoint's
+        # upload references what its predecessor stored (:mod:`sandfork.store.pages`).
+        self._pages: OrderedDict[str, PageIndex] = OrderedDict()
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()  # set while nothing waits to be uploaded
@@ -109,7 +115,7 @@ class Uploads:
                 )
                 if key is not None:
                     meta["template_key"] = key
-                await asyncio.to_thread(self._send, snap.id, files, meta)
+                await asyncio.to_thread(self._send, snap, files, meta)
                 snap.storage = SnapshotStorage.DURABLE
                 self.store.db.put_snapshot(snap)
                 return
@@ -127,8 +133,9 @@ class Uploads:
             await asyncio.sleep(pause)
             pause, attempt = min(pause * 2, RETRY_MOST), attempt + 1
 
-    def _send(self, snapshot_id: str, files: dict[str, Path], meta: dict[str, Any]) -> None:
+    def _send(self, snap: SnapshotRecord, files: dict[str, Path], meta: dict[str, Any]) -> None:
         """Upload one snapshot's files (in a worker thread: no database here)."""
+        snapshot_id = snap.id
         started = time.monotonic()
         logged = [0]
 
@@ -141,14 +148,23 @@ class Uploads:
                     "uploading snapshot %s: %d of %d MiB", snapshot_id, done >> 20, total >> 20
                 )
 
-        done = self.chunks.upload(snapshot_id, files, meta, progress)
+        known = self._pages.get(snap.sandbox_id)
+        done = self.chunks.upload(snapshot_id, files, meta, progress, known)
+        self._pages.pop(snap.sandbox_id, None)
+        self._pages[snap.sandbox_id] = done.pages  # the newest last
+        while len(self._pages) > PAGE_INDEXES:
+            self._pages.popitem(last=False)
         seconds = max(time.monotonic() - started, 1e-6)
+        size = done.manifest.total_bytes / 2**20
         log.info(
-            "snapshot %s is durable: %d chunks sent (%.1f MiB, %.1f MiB/s), %d already stored%s",
+            "snapshot %s is durable: %d chunks sent (%.1f MiB, %.1f MiB/s), %d already stored; "
+            "%.1f MiB stored in %.1f s%s",
             snapshot_id,
             done.sent,
             done.bytes_sent / 2**20,
             done.bytes_sent / 2**20 / seconds,
             done.skipped,
+            size,
+            seconds,
             "" if done.committed else " (its manifest was there already)",
         )

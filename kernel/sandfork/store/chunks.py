@@ -1,20 +1,23 @@
 """The chunk store: a snapshot's files up into the bucket as chunks and a manifest, and down
 again into a directory.
 
-An upload sends each chunk the bucket lacks (a chunk already there, from this snapshot's
-chain, another snapshot or another host, is not sent again), then the manifest with a
+A file is stored as spans of chunks, its pages packed (:mod:`sandfork.store.pages`): pages an
+earlier upload stored are referenced, not sent again. An upload sends each chunk the bucket
+lacks (a chunk already there, from another snapshot or another host, is not sent again), then
+the manifest with a
 create-only-if-absent put: until that put succeeds, nothing of the snapshot is visible as a
 snapshot, whatever chunks are in already, and an upload cut short is simply run again. The
 manifest is stored after its HMAC-SHA256 under the fleet's key and a newline; a fetch refuses a
 manifest the key did not sign (the bucket's other writers cannot make an engine restore a
-snapshot of their making), parses it as hostile input, checks every chunk's length and
-SHA-256, writes the files under a temporary name beside the destination and renames it into
-place.
+snapshot of their making), parses it as hostile input, checks every chunk's SHA-256 and
+that each span lies within its chunk, writes the files under a temporary name beside the
+destination and renames it into place.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
 import logging
@@ -29,6 +32,7 @@ from sandfork.store import tree
 from sandfork.store.cache import ChunkCache
 from sandfork.store.manifest import Entry, Manifest, ManifestError, parse
 from sandfork.store.objects import ObjectMissing, ObjectStore, StoreError
+from sandfork.store.pages import Packer, PageIndex
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
 
 
 MIN_SIGNING_KEY = 32  # characters of S3Store.signing_key
+RECENT_CHUNKS = 16  # chunks a fetch keeps in memory (64 MiB at most)
 
 
 def signed(key: str, manifest: bytes) -> bytes:
@@ -64,6 +69,7 @@ class Uploaded:
     bytes_sent: int
     seconds: float
     committed: bool  # False: the manifest was there already (an earlier run wrote it)
+    pages: PageIndex  # where each page of the upload is stored: give it to the next one
 
 
 class ChunkStore:
@@ -87,36 +93,47 @@ class ChunkStore:
         self.objects.check()
 
     def put_files(
-        self, sources: dict[str, Path], progress: Progress | None = None
-    ) -> tuple[list[Entry], int, int, int]:
+        self,
+        sources: dict[str, Path],
+        progress: Progress | None = None,
+        known: PageIndex | None = None,
+    ) -> tuple[list[Entry], Uploaded]:
         """Send the chunks of ``sources`` (a name in the manifest -> a file or directory)
-        that the bucket lacks; the entries with their chunks, and the chunks sent, skipped
-        and the bytes sent."""
+        that the bucket lacks, their pages packed (:mod:`sandfork.store.pages`; ``known``:
+        the pages of an earlier upload, referenced rather than sent); the entries with their
+        spans, and the counts (its manifest still empty)."""
+        started = time.monotonic()
         scanned = [item for name, path in sources.items() for item in tree.scan(name, path)]
         total = sum(entry.size for entry, _ in scanned)
-        done = sent = skipped = sent_bytes = 0
+        counts = [0, 0, 0, 0]  # chunks sent, skipped, bytes sent, bytes read
+
+        def put(data: bytes) -> str:
+            digest = hashlib.sha256(data).hexdigest()
+            if digest in self._present or self.objects.exists(chunk_key(digest)):
+                counts[1] += 1
+            else:
+                self.objects.put(chunk_key(digest), data)
+                counts[0] += 1
+                counts[2] += len(data)
+            self._present.add(digest)
+            return digest
+
+        def read(size: int) -> None:
+            counts[3] += size
+            if progress is not None:
+                progress(counts[3], total)
+
+        packer = Packer(put, known)
         entries: list[Entry] = []
         for entry, path in scanned:
-            digests = []
-            read = 0
-            for data in tree.file_chunks(path) if entry.kind == "file" else ():
-                digest = hashlib.sha256(data).hexdigest()
-                if digest in self._present or self.objects.exists(chunk_key(digest)):
-                    skipped += 1
-                else:
-                    self.objects.put(chunk_key(digest), data)
-                    sent += 1
-                    sent_bytes += len(data)
-                self._present.add(digest)
-                digests.append(digest)
-                read += len(data)
-                done += len(data)
-                if progress is not None:
-                    progress(done, total)
-            if read != entry.size:
+            spans = tuple(packer.spans(path, read)) if entry.kind == "file" else ()
+            if sum(length for _, _, length in spans) != entry.size:
                 raise StoreError(f"{path} changed while it was uploaded (snapshots are immutable)")
-            entries.append(dataclasses.replace(entry, chunks=tuple(digests)))
-        return entries, sent, skipped, sent_bytes
+            entries.append(dataclasses.replace(entry, spans=spans))
+        done = Uploaded(
+            Manifest("", {}, ()), counts[0], counts[1], counts[2], 0.0, False, packer.index
+        )
+        return entries, dataclasses.replace(done, seconds=time.monotonic() - started)
 
     def commit(self, manifest: Manifest) -> bool:
         """Write the manifest, create-only: the snapshot is durable from now on. False if a
@@ -133,14 +150,16 @@ class ChunkStore:
         sources: dict[str, Path],
         meta: dict[str, Any],
         progress: Progress | None = None,
+        known: PageIndex | None = None,
     ) -> Uploaded:
-        """Store ``sources`` as the snapshot ``snapshot_id``: its chunks, then its manifest."""
+        """Store ``sources`` as the snapshot ``snapshot_id``: its chunks, then its manifest
+        (``known``: the pages of an earlier upload, see :meth:`put_files`)."""
         started = time.monotonic()
-        entries, sent, skipped, sent_bytes = self.put_files(sources, progress)
+        entries, done = self.put_files(sources, progress, known)
         manifest = Manifest(snapshot_id, meta, tuple(entries))
         committed = self.commit(manifest)
         seconds = time.monotonic() - started
-        return Uploaded(manifest, sent, skipped, sent_bytes, seconds, committed)
+        return dataclasses.replace(done, manifest=manifest, seconds=seconds, committed=committed)
 
     def is_durable(self, snapshot_id: str) -> bool:
         """Whether the bucket has the snapshot's manifest."""
@@ -181,8 +200,10 @@ class ChunkStore:
         staging = dest.with_name(f".fetch-{dest.name}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o700)
+        # Spans in a row mostly come from one chunk: its checked bytes are kept at hand.
+        recent = functools.lru_cache(maxsize=RECENT_CHUNKS)(self.chunk)
         try:
-            tree.materialise(manifest.entries, staging, self.chunk)
+            tree.materialise(manifest.entries, staging, recent)
             staging.rename(dest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

@@ -4,10 +4,14 @@ The manifest comes from a bucket that others may write, so it is parsed by
 :mod:`sandfork.strict_json`'s rule and a strict schema before anything is fetched: every field
 known and typed; names relative, ``/``-separated, without ``.``/``..``/empty parts or NUL, each
 under a directory listed before it and listed once; sizes within the caller's budget; exactly
-the chunks a size needs (each a SHA-256); kinds only those a snapshot holds (files,
+spans of chunks that add up to a file's size, page-aligned, each within a chunk (a chunk a
+SHA-256, or the zero sentinel of a hole); kinds only those a snapshot holds (files,
 directories, symbolic links, FIFOs and overlayfs whiteouts: no device can be smuggled in);
 extended attributes only of the allowed families. ``meta`` is the engine's own section, checked
-by the engine (:mod:`sandfork.engine.remote`).
+by the engine (:mod:`sandfork.engine.stored`).
+
+Format 2 stores a file as spans ``[chunk, offset, length]`` (:mod:`sandfork.store.pages`);
+format 1 (whole chunks of :data:`CHUNK_SIZE`, in order) is still read.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from typing import Any
 
 from sandfork import manifest_checks as checks
 
-FORMAT = "sandfork-store/1"
-CHUNK_SIZE = 4 * 2**20
+FORMAT = "sandfork-store/2"
+FORMAT_1 = "sandfork-store/1"  # whole chunks in order: read, no longer written
+CHUNK_SIZE = 4 * 2**20  # the largest chunk
+PAGE = 4096  # spans start at a page of their chunk; all but a file's last are whole pages
+ZERO = "0" * 64  # the chunk of a span that is a hole (zeros, never stored)
 MAX_MANIFEST_BYTES = 64 * 2**20
 MAX_ENTRIES = 1_000_000
 MAX_NAME = 4096
@@ -40,6 +47,10 @@ def _fail(problem: str) -> ManifestError:
     return ManifestError(f"the stored snapshot's manifest is invalid: {problem}")
 
 
+Span = tuple[str, int, int]
+"""Bytes of a file: a chunk (or :data:`ZERO`), an offset in it and a length."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """One file, directory or link of a stored snapshot, named relative to its root."""
@@ -48,7 +59,7 @@ class Entry:
     kind: str
     mode: int  # permission bits (set-id and sticky included)
     size: int = 0
-    chunks: tuple[str, ...] = ()  # the file's content, in order
+    spans: tuple[Span, ...] = ()  # the file's content, in order
     target: str = ""  # a symbolic link's
     uid: int = 0
     gid: int = 0
@@ -58,7 +69,7 @@ class Entry:
         """The entry as the manifest writes it (defaults left out)."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "mode": self.mode}
         if self.kind == "file":
-            out |= {"size": self.size, "chunks": list(self.chunks)}
+            out |= {"size": self.size, "spans": [list(s) for s in self.spans]}
         if self.kind == "symlink":
             out["target"] = self.target
         if self.uid or self.gid:
@@ -83,24 +94,65 @@ class Manifest:
         return sum(e.size for e in self.entries)
 
     def chunks(self) -> set[str]:
-        """Every distinct chunk the snapshot's files are made of."""
-        return {c for e in self.entries for c in e.chunks}
+        """Every distinct chunk the snapshot's files are made of (holes are none)."""
+        return {d for e in self.entries for d, _, _ in e.spans if d != ZERO}
 
     def encode(self) -> bytes:
         """The manifest as stored."""
         doc = {
             "format": FORMAT,
             "snapshot_id": self.snapshot_id,
-            "chunk_size": CHUNK_SIZE,
             "meta": self.meta,
             "entries": [e.to_json() for e in self.entries],
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def chunk_count(size: int) -> int:
-    """How many chunks a file of ``size`` bytes is stored as (an empty file: none)."""
+def _chunk_count(size: int) -> int:
+    """How many whole chunks format 1 stores a file of ``size`` bytes as."""
     return -(-size // CHUNK_SIZE)
+
+
+def _spans_1(chunks: object, size: int, where: str) -> tuple[Span, ...]:
+    """Format 1's chunk list as spans: every chunk whole, the last one the rest."""
+    count = _chunk_count(size)
+    if not isinstance(chunks, list) or len(chunks) != count:
+        raise _fail(f"{where}.chunks must list the {count} chunks of {size} bytes")
+    for j, chunk in enumerate(chunks):
+        checks.matching(chunk, f"{where}.chunks[{j}]", checks.SHA256, _fail)
+    return tuple(
+        (digest, 0, min(CHUNK_SIZE, size - j * CHUNK_SIZE)) for j, digest in enumerate(chunks)
+    )
+
+
+def _spans(raw: object, size: int, where: str) -> tuple[Span, ...]:
+    """A file's spans if they are well formed and add up to ``size``: each in its chunk,
+    at a page of it, every one but the last whole pages; a hole at offset 0."""
+    if not isinstance(raw, list) or len(raw) > -(-size // PAGE):
+        raise _fail(f"{where}.spans must be a list of at most one span per page of the file")
+    spans: list[Span] = []
+    total = 0
+    for j, item in enumerate(raw):
+        at = f"{where}.spans[{j}]"
+        if not isinstance(item, list) or len(item) != 3:
+            raise _fail(f"{at} must be [chunk, offset, length]")
+        digest = item[0]
+        if digest != ZERO:
+            checks.matching(digest, at, checks.SHA256, _fail)
+        offset = checks.integer(item[1], f"{at}.offset", 0, CHUNK_SIZE - 1, _fail)
+        hole = digest == ZERO  # as long as the file's zeros, in no chunk
+        length = checks.integer(item[2], f"{at}.length", 1, size if hole else CHUNK_SIZE, _fail)
+        last = j == len(raw) - 1
+        if offset % PAGE or (not last and length % PAGE) or offset + length > CHUNK_SIZE:
+            if not hole:
+                raise _fail(f"{at} is not whole pages of one chunk")
+        if hole and (offset or (not last and length % PAGE)):
+            raise _fail(f"{at} is a hole at an offset or of part of a page")
+        spans.append((digest, offset, length))
+        total += length
+    if total != size:
+        raise _fail(f"{where}.spans add up to {total} bytes, not its size {size}")
+    return tuple(spans)
 
 
 def check_name(name: object, where: str) -> str:
@@ -129,21 +181,22 @@ def _xattrs(value: object, where: str) -> dict[str, bytes]:
     return found
 
 
-def _entry(raw: object, i: int, max_bytes: int) -> Entry:
+def _entry(raw: object, i: int, max_bytes: int, version: str) -> Entry:
     where = f"entries[{i}]"
     fields = checks.fields(
         raw,
         where,
         {"name", "kind", "mode"},
         _fail,
-        {"size", "chunks", "target", "uid", "gid", "xattrs"},
+        {"size", "spans", "chunks", "target", "uid", "gid", "xattrs"},
     )
     name = check_name(fields["name"], f"{where}.name")
     kind = fields["kind"]
     if kind not in KINDS:
         raise _fail(f"{where}.kind must be one of {', '.join(KINDS)}")
-    allowed = {"file": {"size", "chunks"}, "symlink": {"target"}}.get(kind, set())
-    stray = sorted(set(fields) & {"size", "chunks", "target"} - allowed)
+    content = "chunks" if version == FORMAT_1 else "spans"
+    allowed = {"file": {"size", content}, "symlink": {"target"}}.get(kind, set())
+    stray = sorted(set(fields) & {"size", "spans", "chunks", "target"} - allowed)
     if stray:
         raise _fail(f"{where} is a {kind}: it has no {stray[0]!r}")
     entry = Entry(
@@ -162,12 +215,11 @@ def _entry(raw: object, i: int, max_bytes: int) -> Entry:
     if kind != "file":
         return entry
     size = checks.integer(fields.get("size"), f"{where}.size", 0, max_bytes, _fail)
-    chunks = fields.get("chunks")
-    if not isinstance(chunks, list) or len(chunks) != chunk_count(size):
-        raise _fail(f"{where}.chunks must list the {chunk_count(size)} chunks of {size} bytes")
-    for j, chunk in enumerate(chunks):
-        checks.matching(chunk, f"{where}.chunks[{j}]", checks.SHA256, _fail)
-    return dataclasses.replace(entry, size=size, chunks=tuple(chunks))
+    if version == FORMAT_1:
+        spans = _spans_1(fields.get("chunks"), size, where)
+    else:
+        spans = _spans(fields.get("spans"), size, where)
+    return dataclasses.replace(entry, size=size, spans=spans)
 
 
 def parse(data: bytes, snapshot_id: str, max_bytes: int) -> Manifest:
@@ -178,15 +230,19 @@ def parse(data: bytes, snapshot_id: str, max_bytes: int) -> Manifest:
     top = checks.fields(
         checks.document(data, _fail),
         "the manifest",
-        {"format", "snapshot_id", "chunk_size", "meta", "entries"},
+        {"format", "snapshot_id", "meta", "entries"},
         _fail,
+        {"chunk_size"},
     )
-    if top["format"] != FORMAT:
-        raise _fail(f"its format is {str(top['format'])[:100]!r}, not {FORMAT!r}")
+    version = top["format"]
+    if version not in (FORMAT, FORMAT_1):
+        raise _fail(f"its format is {str(version)[:100]!r}, not {FORMAT!r}")
     if top["snapshot_id"] != snapshot_id:
         raise _fail(f"it describes {str(top['snapshot_id'])[:100]!r}, not {snapshot_id!r}")
-    if top["chunk_size"] != CHUNK_SIZE:
-        raise _fail(f"its chunks are not of {CHUNK_SIZE} bytes")
+    if top.get("chunk_size") != (CHUNK_SIZE if version == FORMAT_1 else None):
+        raise _fail(
+            f"its chunk_size is not {CHUNK_SIZE}" if version == FORMAT_1 else "it has a chunk_size"
+        )
     if not isinstance(top["meta"], dict):
         raise _fail("meta must be an object")
     raw = top["entries"]
@@ -196,7 +252,7 @@ def parse(data: bytes, snapshot_id: str, max_bytes: int) -> Manifest:
     kinds: dict[str, str] = {}
     total = 0
     for i, item in enumerate(raw):
-        entry = _entry(item, i, max_bytes)
+        entry = _entry(item, i, max_bytes, version)
         parent = entry.name.rpartition("/")[0]
         if entry.name in kinds:
             raise _fail(f"{entry.name[:200]!r} is listed twice")

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sandfork.store.manifest import CHUNK_SIZE, XATTR_ALLOWED, Entry, ManifestError
+from sandfork.store.manifest import XATTR_ALLOWED, ZERO, Entry, ManifestError
 
 Fetch = Callable[[str], bytes]  # a chunk by its hash, checked
 
@@ -74,28 +74,23 @@ def scan(name: str, path: Path) -> Iterator[tuple[Entry, Path]]:
             stack += [(f"{rel}/{c}", where / c) for c in sorted(os.listdir(where), reverse=True)]
 
 
-def file_chunks(path: Path) -> Iterator[bytes]:
-    """The file's content in chunks of :data:`CHUNK_SIZE` (the last one shorter)."""
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK_SIZE):
-            yield chunk
-
-
 def _write_file(path: Path, entry: Entry, fetch: Fetch) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
-        for i, digest in enumerate(entry.chunks):
+        for i, (digest, offset, length) in enumerate(entry.spans):
+            if digest == ZERO:
+                f.seek(length, os.SEEK_CUR)
+                continue
             data = fetch(digest)
-            expected = min(CHUNK_SIZE, entry.size - i * CHUNK_SIZE)
-            if len(data) != expected:
+            if offset + length > len(data):
                 raise ManifestError(
-                    f"chunk {i} of {entry.name!r} has {len(data)} bytes where the manifest "
-                    f"says {expected}"
+                    f"span {i} of {entry.name!r} ends at byte {offset + length} of a chunk of "
+                    f"{len(data)} bytes"
                 )
-            if data.count(0) == len(data):
-                f.seek(len(data), os.SEEK_CUR)  # keep holes: memory images are mostly zeros
+            if data.count(0, offset, offset + length) == length:
+                f.seek(length, os.SEEK_CUR)  # keep holes (format 1 stored zero chunks)
             else:
-                f.write(data)
+                f.write(memoryview(data)[offset : offset + length])
         f.truncate(entry.size)
 
 
@@ -127,7 +122,7 @@ def _finish(path: Path, entry: Entry, as_root: bool) -> None:
 
 def materialise(entries: tuple[Entry, ...], dest: Path, fetch: Fetch) -> None:
     """Write ``entries`` (checked by :func:`~sandfork.store.manifest.parse`) under the
-    empty directory ``dest``; a chunk of the wrong size raises :class:`ManifestError`."""
+    empty directory ``dest``; a span beyond its chunk raises :class:`ManifestError`."""
     as_root = os.geteuid() == 0
     dirs: list[tuple[Path, Entry]] = []
     for entry in entries:
