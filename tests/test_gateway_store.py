@@ -29,7 +29,7 @@ from kernel_client import execute, sandbox_id, stdout
 from netns import Hosts, hosts
 from s3_server import SeaweedS3, new_prefix, s3_server
 from sandfork.protocol import routes
-from sandfork.sdk import Client, Sandbox
+from sandfork.sdk import Client, LimitExceeded, Sandbox
 from store_engines import containers, s3_args, wait_for_storage
 from test_snapshots import TURNS
 from turns import TURN2_FINDS
@@ -163,6 +163,34 @@ def test_a_snapshot_restores_where_there_is_room_and_outlives_its_host(
     assert_restored(third)
     third.kill()
     copy.kill()
+
+
+@pytest.mark.container
+def test_a_fork_whose_engine_is_full_starts_on_other_hosts(fleet: Fleet) -> None:
+    gateway, engines = fleet
+    client = Client(gateway.url, gateway.api_key)
+    parent = Sandbox.create(client=client)
+    try:
+        home = owner(engines, parent.id)
+        parent.filesystem.write("/root/blob", BLOB)
+        parent.create_code_context().run_code("answer = 6 * 7")
+        child = parent.fork()  # its engine is full (one sandbox at most)
+        assert owner(engines, child.id) != home
+        assert_restored(child)
+        child.exec("echo changed > /root/blob", check=True)
+        child.kill()
+        children = parent.fork_tree(2)
+        assert {owner(engines, c.id) for c in children} == set(NAMES) - {home}
+        for copy in children:
+            assert_restored(copy)
+            copy.kill()
+        with pytest.raises(LimitExceeded):  # reseeding needs the parent's engine
+            parent.fork(reseed_python=True)
+        assert_restored(parent)  # it ran on, untouched
+        listed = client.request("GET", routes.SNAPSHOTS)["snapshots"]
+        assert not [s for s in listed if s["name"] == f"fork of {parent.id}"]  # captures gone
+    finally:
+        parent.kill()
 
 
 def hold(engine: EngineProcess) -> Sandbox:

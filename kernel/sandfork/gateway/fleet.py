@@ -224,6 +224,15 @@ class Fleet:
         holders = self.snapshot_holders(snapshot_id)
         return holders[0] if holders else None
 
+    def sandbox_memory_mb(self, sandbox_id: str) -> int:
+        """The memory the sandbox takes, as its last record says."""
+        memory_mb = self._sandboxes.get(sandbox_id, ("", {}))[1].get("memory_mb")
+        return memory_mb if isinstance(memory_mb, int) and memory_mb > 0 else DEFAULT_MEMORY_MB
+
+    def dropped(self, snapshot_id: str) -> None:
+        """The snapshot was deleted from every engine that held it."""
+        self._snapshots.pop(snapshot_id, None)
+
     def snapshot_memory_mb(self, snapshot_id: str) -> int:
         """The memory a sandbox restored from the snapshot takes, as its record says."""
         for record in self._snapshots.get(snapshot_id, {}).values():
