@@ -13,6 +13,7 @@ any imported template, then finds the template as if it had built it.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import shutil
 import time
@@ -103,8 +104,9 @@ class TemplateTravel:
 
 
 def _export(built: BuiltTemplate) -> Path | None:
-    """The export file of ``built``, made once per build and kept in the cache; ``None`` if
-    the template was rebuilt as it was exported."""
+    """The export file of ``built``, made once per build and kept in the cache (only the
+    newest build's of each template); ``None`` if the template was rebuilt as it was
+    exported."""
     folder = cache_dir() / "template-exports"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / f"{object_id(built.name, built.key)}.tar.zst"
@@ -114,4 +116,8 @@ def _export(built: BuiltTemplate) -> Path | None:
             if (export.boot_key, export.rootfs_key) != (built.boot_key, built.rootfs_key):
                 path.unlink()
                 return None
+            earlier = re.compile(rf"{re.escape(object_id(built.name, ''))}[0-9a-f]+\.tar\.zst")
+            for older in folder.iterdir():
+                if older != path and earlier.fullmatch(older.name):
+                    older.unlink()  # an earlier build's, in the store already
     return path
