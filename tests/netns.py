@@ -96,18 +96,19 @@ class Hosts:
 
 @contextlib.contextmanager
 def hosts(names: list[str]) -> Iterator[Hosts]:
-    """A namespace per name (``10.<net>.<i>.2``, reached over its own veth pair) and
-    ``10.<net>.0.1``, an address of this host (on its loopback link, so it outlives any one
+    """A namespace per name (``198.19.<n>.<i + 2>``, reached over its own veth pair) and
+    ``198.18.<n>.1``, an address of this host (on its loopback link, so it outlives any one
     pair) that each namespace has a route to and nothing else: no default route, no
     forwarding, nothing to the outside. Every address is checked to route as meant before
     anything is yielded; all is removed after."""
     tag = f"{os.getpid() % 100000}"
-    net = 100 + os.getpid() % 150  # two test runs at once use different addresses
-    service = f"10.{net}.0.1"
+    # The benchmarking range (RFC 2544), which no network here uses; two runs at once differ.
+    net = os.getpid() % 250
+    service = f"198.18.{net}.1"
     made = Hosts(
         service,
         {n: f"sandfork-{tag}-{n}" for n in names},
-        {n: f"10.{net}.{i + 1}.2" for i, n in enumerate(names)},
+        {n: f"198.19.{net}.{i + 2}" for i, n in enumerate(names)},
         {n: f"sfh{tag}x{i}" for i, n in enumerate(names)},
     )
     try:
