@@ -164,6 +164,17 @@ def test_a_snapshot_restores_where_there_is_room_and_outlives_its_host(
     third.kill()
     copy.kill()
 
+    # Held by the two hosts that fetched it: a rename and a delete reach both.
+    client.request("PATCH", routes.snapshot(snapshot_id), json={"name": "renamed"})
+    listed = client.request("GET", routes.SNAPSHOTS)["snapshots"]
+    assert [s["name"] for s in listed if s["id"] == snapshot_id] == ["renamed"]
+    client.request("DELETE", routes.snapshot(snapshot_id))
+    for name in (second, last):
+        held = engines[name].client().request("GET", routes.SNAPSHOTS)["snapshots"]
+        assert snapshot_id not in [s["id"] for s in held]
+    listed = client.request("GET", routes.SNAPSHOTS)["snapshots"]
+    assert snapshot_id not in [s["id"] for s in listed]
+
 
 @pytest.mark.container
 def test_a_fork_whose_engine_is_full_starts_on_other_hosts(fleet: Fleet) -> None:

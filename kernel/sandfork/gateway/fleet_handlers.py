@@ -16,7 +16,8 @@ from tornado.httpclient import HTTPResponse
 
 from sandfork.gateway.base import GatewayHandler, engine_down, no_engine
 from sandfork.gateway.fleet import Engine
-from sandfork.gateway.relay import engine_request, fetch, start_answer
+from sandfork.gateway.relay import engine_request, fetch, learned, start_answer
+from sandfork.gateway.routing import target
 from sandfork.protocol import (
     DEFAULT_MEMORY_MB,
     BadRequestError,
@@ -193,7 +194,7 @@ class SandboxesHandler(GatewayHandler):
         start_answer(self, response.code, response.reason, response.headers)
         if response.code < 300 and response.body:
             self.fleet.learn(engine, json.loads(response.body))
-        self.finish(response.body or b"")
+        self.finish(response.body or None)
 
 
 class SnapshotsHandler(GatewayHandler):
@@ -209,6 +210,39 @@ class SnapshotsHandler(GatewayHandler):
         snapshots = list(unique.values())
         snapshots.sort(key=lambda s: str(s.get("created_at", "")), reverse=True)
         self.write_json({"snapshots": snapshots})
+
+
+class SnapshotHandler(GatewayHandler):
+    """``/snapshots/{id}``: ``GET`` from an engine that holds it; ``PATCH`` (a rename) and
+    ``DELETE`` on every answering engine that holds it (each engine that fetched it from the
+    snapshot store holds a copy, listed as the snapshot), the first one's answer returned."""
+
+    async def get(self, snapshot_id: str) -> None:
+        await self._on_holders(snapshot_id, every=False)
+
+    async def patch(self, snapshot_id: str) -> None:
+        await self._on_holders(snapshot_id, every=True)
+
+    async def delete(self, snapshot_id: str) -> None:
+        await self._on_holders(snapshot_id, every=True)
+
+    async def _on_holders(self, snapshot_id: str, every: bool) -> None:
+        method = str(self.request.method)
+        chosen = await target(self.fleet, method, self.request.path)
+        assert chosen.engine is not None  # a snapshot's path goes to an engine, or raises
+        engines = [chosen.engine]
+        if every:
+            others = self.fleet.snapshot_holders(snapshot_id)
+            engines += [e for e in others if e is not chosen.engine and e in self.fleet.alive()]
+        body = None if method in ("GET", "DELETE") else self.body_bytes()
+        answers = [(e, await fetch(self, e, engine_request(self, e, body))) for e in engines]
+        for engine, response in answers:
+            learned(self, engine, chosen, response.code, response.body or b"")
+        if method == "DELETE" and all(r.code < 300 for _, r in answers):
+            self.fleet.dropped(snapshot_id)
+        engine, response = answers[0]
+        start_answer(self, response.code, response.reason, response.headers)
+        self.finish(response.body or None)
 
 
 def _encode(cursors: dict[str, str]) -> str:

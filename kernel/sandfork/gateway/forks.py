@@ -47,7 +47,7 @@ class ForkHandler(GatewayHandler):
                 return
         start_answer(self, response.code, response.reason, response.headers)
         learned(self, engine, chosen, response.code, response.body or b"")
-        self.finish(response.body or b"")
+        self.finish(response.body or None)
 
     async def _elsewhere(self, owner: Engine, sandbox_id: str) -> list[dict[str, Any]] | None:
         """The copies, started on other engines; ``None`` where that cannot be done."""

@@ -23,13 +23,14 @@ from sandfork.gateway.fleet_handlers import (
     HealthHandler,
     HeartbeatHandler,
     SandboxesHandler,
+    SnapshotHandler,
     SnapshotsHandler,
 )
 from sandfork.gateway.forks import ForkHandler
 from sandfork.gateway.relay import RelayHandler
 from sandfork.gateway.websockets import UpgradeUnderSandbox, WebSocketRelay
 from sandfork.paths import state_dir
-from sandfork.protocol import SANDBOX_ID, routes
+from sandfork.protocol import SANDBOX_ID, SNAPSHOT_ID, routes
 from sandfork.serving import load_or_create_key, publish
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ def make_app(fleet: Fleet, config: GatewayConfig, api_key: str) -> web.Applicati
         (api + routes.SANDBOXES, SandboxesHandler),
         (api + routes.SNAPSHOTS, SnapshotsHandler),
         (rf"{api}{routes.SANDBOXES}/({SANDBOX_ID})/(fork|fork-tree)", ForkHandler),
+        (rf"{api}{routes.SNAPSHOTS}/({SNAPSHOT_ID})", SnapshotHandler),
         Rule(PathMatches(r"/.*"), RelayHandler),
     ]
     return web.Application(
