@@ -73,6 +73,11 @@ class Engine:
         return room > 0 and self.free_memory_mb() >= memory_mb
 
 
+def memory_of(value: object) -> int:
+    """A record's or a request's ``memory_mb`` if it is one, else the default."""
+    return value if isinstance(value, int) and value > 0 else DEFAULT_MEMORY_MB
+
+
 def _text(body: dict[str, Any], name: str, longest: int = 2048) -> str:
     value = body.get(name)
     if not isinstance(value, str) or not value or len(value) > longest:
@@ -226,8 +231,7 @@ class Fleet:
 
     def sandbox_memory_mb(self, sandbox_id: str) -> int:
         """The memory the sandbox takes, as its last record says."""
-        memory_mb = self._sandboxes.get(sandbox_id, ("", {}))[1].get("memory_mb")
-        return memory_mb if isinstance(memory_mb, int) and memory_mb > 0 else DEFAULT_MEMORY_MB
+        return memory_of(self._sandboxes.get(sandbox_id, ("", {}))[1].get("memory_mb"))
 
     def dropped(self, snapshot_id: str) -> None:
         """The snapshot was deleted from every engine that held it."""
@@ -240,6 +244,11 @@ class Fleet:
             if isinstance(memory_mb, int) and memory_mb > 0:
                 return memory_mb
         return DEFAULT_MEMORY_MB
+
+    def restored(self, engine: Engine, snapshot_id: str) -> None:
+        """A sandbox was restored there from the snapshot (fetched first if it lacked it)."""
+        self.placed(engine, self.snapshot_memory_mb(snapshot_id))
+        self.holds(engine, snapshot_id)
 
     def restore_places(self, snapshot_id: str) -> list[Engine]:
         """Where a restore of the snapshot is tried, in turn: the answering engines that

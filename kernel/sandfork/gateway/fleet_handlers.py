@@ -15,11 +15,10 @@ from typing import Any
 from tornado.httpclient import HTTPResponse
 
 from sandfork.gateway.base import GatewayHandler, engine_down, no_engine
-from sandfork.gateway.fleet import Engine
+from sandfork.gateway.fleet import Engine, memory_of
 from sandfork.gateway.relay import engine_request, fetch, learned, start_answer
 from sandfork.gateway.routing import target
 from sandfork.protocol import (
-    DEFAULT_MEMORY_MB,
     BadRequestError,
     EngineUnreachable,
     LimitExceeded,
@@ -127,8 +126,7 @@ class SandboxesHandler(GatewayHandler):
         if snapshot_id not in (None, ""):
             await self._restore(snapshot_id)
             return
-        memory_mb = body.get("memory_mb")
-        needed = memory_mb if isinstance(memory_mb, int) and memory_mb > 0 else DEFAULT_MEMORY_MB
+        needed = memory_of(body.get("memory_mb"))
         places = self.fleet.candidates(needed)
         if not places:
             free = ", ".join(
@@ -183,8 +181,7 @@ class SandboxesHandler(GatewayHandler):
             if reason is not None:  # only a silent engine has it
                 raise engine_down(f"snapshot {snapshot_id}", owner, reason)
         if response.code < 300:
-            self.fleet.placed(engine, self.fleet.snapshot_memory_mb(snapshot_id))
-            self.fleet.holds(engine, snapshot_id)  # it fetched the snapshot if it lacked it
+            self.fleet.restored(engine, snapshot_id)
         self._relay_answer(engine, response)
 
     async def _send(self, engine: Engine) -> HTTPResponse:
@@ -233,7 +230,8 @@ class SnapshotHandler(GatewayHandler):
         engines = [chosen.engine]
         if every:
             others = self.fleet.snapshot_holders(snapshot_id)
-            engines += [e for e in others if e is not chosen.engine and e in self.fleet.alive()]
+            alive = self.fleet.alive()
+            engines += [e for e in others if e is not chosen.engine and e in alive]
         body = None if method in ("GET", "DELETE") else self.body_bytes()
         answers = [(e, await fetch(self, e, engine_request(self, e, body))) for e in engines]
         for engine, response in answers:

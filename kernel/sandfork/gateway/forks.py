@@ -113,8 +113,7 @@ class ForkHandler(GatewayHandler):
             except LimitExceeded as e:  # full after all: the next one
                 refusal = e
                 continue
-            self.fleet.placed(place, self.fleet.snapshot_memory_mb(snapshot_id))
-            self.fleet.holds(place, snapshot_id)
+            self.fleet.restored(place, snapshot_id)
             self.fleet.learn(place, record)
             return place, record
         raise refusal
