@@ -205,7 +205,7 @@ class EngineProcess:
         """The process of one sandbox: its QEMU, or its container's shim (killing it kills
         the sandbox: the engine then ends the container's processes)."""
         for pid in self.sandbox_pids():
-            if sandbox_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if sandbox_id.encode() in _identity(Path(f"/proc/{pid}")):
                 return pid
         raise LookupError(f"no process for sandbox {sandbox_id}")
 
@@ -223,16 +223,13 @@ class EngineProcess:
 
     def sandbox_pids(self) -> list[int]:
         """The process of each of this engine's sandboxes, VM or container (their command
-        lines name our home)."""
+        lines, or a shim's working directory, name our home)."""
         pids = []
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
-                try:
-                    cmdline = (proc / "cmdline").read_bytes()
-                except OSError:
-                    continue
-                ours = b"qemu-system" in cmdline or SHIM.encode() in cmdline
-                if ours and str(self.home).encode() in cmdline:
+                identity = _identity(proc)
+                ours = b"qemu-system" in identity or SHIM.encode() in identity
+                if ours and str(self.home).encode() in identity:
                     pids.append(int(proc.name))
         return pids
 
@@ -241,6 +238,15 @@ class EngineProcess:
         hierarchy = Hierarchy.detect()
         parent = engine_groups(self.home)
         return [Cgroup(hierarchy, f"{parent}/{name}") for name in hierarchy.groups(parent)]
+
+
+def _identity(proc: Path) -> bytes:
+    """A process's command line and working directory (a container sandbox's shim works in
+    the sandbox's folder); empty once it is gone."""
+    try:
+        return (proc / "cmdline").read_bytes() + b"\0" + os.readlink(proc / "cwd").encode()
+    except OSError:
+        return b""
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHIM, EngineProcess
+from conftest import EngineProcess
 from sandfork.backends.container.sandbox import frozen_seconds
 from sandfork.sdk import Sandbox, Snapshot
 
@@ -22,10 +22,10 @@ pytestmark = pytest.mark.container
 
 
 def _shim_config(engine: EngineProcess, sandbox_id: str) -> dict[str, object]:
-    """The configuration a sandbox's supervisor was started with (its last argument)."""
-    argv = Path(f"/proc/{engine.sandbox_pid(sandbox_id)}/cmdline").read_bytes().split(b"\0")
-    assert SHIM.encode() in argv, argv
-    config = json.loads(argv[argv.index(SHIM.encode()) + 1])
+    """The configuration a sandbox's supervisor was started with (in its record)."""
+    record = json.loads((engine.home / "sandboxes" / sandbox_id / "shim.json").read_text())
+    assert record["shim"] == engine.sandbox_pid(sandbox_id)
+    config = record["config"]
     assert isinstance(config, dict)
     return config
 

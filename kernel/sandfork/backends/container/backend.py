@@ -27,9 +27,10 @@ from sandfork.backends.container.cgroups import Cgroup, Hierarchy, Limits
 from sandfork.backends.container.launcher import AGENT_DIR, LaunchConfig
 from sandfork.backends.container.sandbox import IMAGES, PIPES, ContainerError, ContainerSandbox
 from sandfork.backends.container.shim import RECORD
+from sandfork.backends.container.shim_pool import ShimPool, shims
 from sandfork.backends.container.stdio import RestoreConfig, ShimConfig
 from sandfork.backends.container.tree import tree_of
-from sandfork.backends.processes import kill_process, sandbox_processes, start_time
+from sandfork.backends.processes import kill_process, start_time
 from sandfork.templates import BuiltTemplate
 from sandfork.templates.initramfs import agent_dir, agent_files, files_hash
 
@@ -81,17 +82,6 @@ def guest_env() -> dict[str, str]:
         "PYTHONPATH": str(Path(AGENT_DIR).parent),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-
-
-def _shim_folder(args: list[bytes]) -> bytes | None:
-    """The sandbox folder a shim's command line names (its config's ``dir``)."""
-    if len(args) < 3 or args[2] != b"sandfork.backends.container.shim":
-        return None
-    try:
-        folder = json.loads(args[3])["dir"]
-    except (IndexError, ValueError, KeyError, TypeError):
-        return None
-    return str(folder).encode() if isinstance(folder, str) else None
 
 
 def engine_groups(state_dir: Path) -> str:
@@ -158,6 +148,7 @@ class ContainerBackend:
         self.hierarchy = Hierarchy.detect()
         self._criu: criu_tools.Criu | None = None
         self.hook = state_dir / "run" / "criu-hook.sh"  # private: the engine's runtime folder
+        self.shims = ShimPool(self.cgroups, state_dir / "run" / "shims.log")
 
     # -- what it is ----------------------------------------------------------------------
 
@@ -237,6 +228,7 @@ class ContainerBackend:
         )
         return await ContainerSandbox.start(
             config,
+            self.shims,
             disk=disk,
             sockets=sockets,
             links=self._links(directory),
@@ -372,14 +364,17 @@ class ContainerBackend:
     def sweep(self, root: Path, keep: set[str]) -> list[str]:
         """Stop every shim, group and folder under ``root`` no adopted sandbox owns.
 
-        Shims are found from their command lines, not their records: an engine killed right
-        after starting one may have left it before it wrote its record.
+        Shims are found by their command lines and working directories, not their records:
+        an engine killed right after starting one may have left it before it wrote its
+        record. One still waiting for a sandbox (an earlier engine's) goes too.
         """
         gone = []
-        for name, pid in sandbox_processes(root, _shim_folder).items():
-            if name not in keep:
+        for pid, folder in shims(self.cgroups):
+            if pid == self.shims.waiting_pid() or (folder is not None and folder.name in keep):
+                continue
+            if folder is None or folder.parent == root:
                 kill_process(pid)
-                gone.append(f"shim process {pid} ({name})")
+                gone.append(f"shim process {pid} ({folder.name if folder else 'waiting'})")
         for directory in list(root.iterdir()) if root.exists() else []:
             if directory.name not in keep and (directory / "shim.log").exists():
                 self.release(directory)

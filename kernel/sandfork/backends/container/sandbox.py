@@ -18,7 +18,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from sandfork.backends.container import layers
 from sandfork.backends.container.cgroups import Cgroup
 from sandfork.backends.container.criu import Criu
 from sandfork.backends.container.shim import CONSOLE, EXIT, RECORD
+from sandfork.backends.container.shim_pool import ShimPool
 from sandfork.backends.container.stdio import ShimConfig
 from sandfork.backends.processes import start_time
 from sandfork.crashpoints import crash_point
@@ -78,6 +78,7 @@ class ContainerSandbox:
     async def start(
         cls,
         config: ShimConfig,
+        shims: ShimPool,
         *,
         disk: Path,
         sockets: dict[str, Path],
@@ -90,15 +91,7 @@ class ContainerSandbox:
     ) -> ContainerSandbox:
         """Start the shim of a new or restored sandbox and wait for its agent."""
         directory = Path(config.dir)
-        with (directory / "shim.log").open("ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "sandfork.backends.container.shim", config.to_json()],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                umask=0o077,
-            )
+        process = shims.start(config)
         sandbox = cls(directory, disk, sockets, links, cgroup, criu, hook, process.pid, process)
         try:
             if spawned is not None:

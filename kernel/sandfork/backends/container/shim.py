@@ -1,6 +1,9 @@
 """The keeper of one container sandbox: starts it, holds its pipes, outlives the engine.
 
-Run as ``python -m sandfork.backends.container.shim CONFIG_JSON`` in a session of its own.
+Run as ``python -m sandfork.backends.container.shim --warm KEY`` in a session of its own,
+ahead of need (:mod:`.shim_pool`): it waits, its modules imported, for one line on its stdin,
+the config of the sandbox it will keep, then makes that sandbox's folder its working
+directory (what the engine's sweep and the tests find it by) and its ``shim.log`` its output.
 It makes the pipes that are the sandbox's stdio (the guest agent's channel on 0 and 1, its
 console on 2, the egress channel on 3 and 4), then either *launches* a new sandbox (its child
 becomes PID 1 of a new PID namespace and runs :mod:`.launcher`) or *restores* one from a CRIU
@@ -32,6 +35,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from sandfork.backends.container.cgroups import Cgroup, Hierarchy
@@ -289,9 +293,29 @@ def _describe(status: int) -> str:
     return f"its init exited with status {os.WEXITSTATUS(status)}"
 
 
+def _take_config() -> ShimConfig | None:
+    """The config the engine sends on stdin (``None``: it closed it first, nothing to keep);
+    from here the sandbox's folder is the working directory and its ``shim.log`` the output."""
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        return None
+    config = ShimConfig(**json.loads(line))
+    os.chdir(config.dir)
+    log = os.open("shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null, 0), (log, 1), (log, 2)):
+        os.dup2(fd, target)
+    os.close(null)
+    os.close(log)
+    return config
+
+
 def main() -> None:
-    """``python -m sandfork.backends.container.shim CONFIG_JSON``."""
-    config = ShimConfig(**json.loads(sys.argv[1]))
+    """``python -m sandfork.backends.container.shim --warm KEY``: the engine's key names its
+    shims; the config comes on stdin."""
+    config = _take_config()
+    if config is None:
+        return
     directory = Path(config.dir)
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     pipes = Pipes()
@@ -308,6 +332,7 @@ def main() -> None:
     pipes.close_sandbox_side()
     record: dict[str, object] = {"shim": os.getpid(), "shim_start": start_time(os.getpid())}
     record |= {"init": init, "init_start": start_time(init), "pipes": inodes}
+    record["config"] = asdict(config)  # what it was started with
     shim = Shim(config, pipes, init, lazy)
     write_json(directory / RECORD, record)
     status = shim.run()

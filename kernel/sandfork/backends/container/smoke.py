@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from sandfork.backends.container.cgroups import Cgroup, Hierarchy, Limits
 from sandfork.backends.container.criu import Criu, CriuError
 from sandfork.backends.container.launcher import LaunchConfig
 from sandfork.backends.container.shim import EXIT, RECORD
+from sandfork.backends.container.shim_pool import ShimPool
 from sandfork.backends.container.stdio import RestoreConfig, ShimConfig
 from sandfork.backends.processes import kill_process, start_time
 from sandfork.templates.initramfs import agent_dir
@@ -33,13 +33,9 @@ _WAIT_S = 60.0
 
 def _run_shim(config: ShimConfig) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
     directory = Path(config.dir)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sandfork.backends.container.shim", config.to_json()],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=(directory / "shim.log").open("ab"),
-        start_new_session=True,
-    )
+    pool = ShimPool(f"smoke-{os.getpid()}", directory / "waiting.log")
+    process = pool.start(config)
+    pool.close()
     deadline = time.monotonic() + _WAIT_S
     while not (directory / RECORD).exists():
         if (directory / EXIT).exists() or process.poll() is not None:
