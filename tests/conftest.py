@@ -25,8 +25,14 @@ from sandfork.sdk import Client, NotFoundError, SandforkError
 from sandfork.templates import ensure_template
 
 # jp_fetch & co. for the server extension; the check of the vm marker (tests/vm_guard.py);
-# what the machine was doing when a test failed (tests/machine_report.py)
-pytest_plugins = ["pytest_jupyter.jupyter_server", "vm_guard", "machine_report"]
+# what the machine was doing when a test failed (tests/machine_report.py); no file left in the
+# working tree (tests/worktree_guard.py)
+pytest_plugins = [
+    "pytest_jupyter.jupyter_server",
+    "vm_guard",
+    "machine_report",
+    "worktree_guard",
+]
 
 BACKEND = os.environ.get("SANDFORK_TEST_BACKEND", "vm")
 """The backend the suite's engines run sandboxes on unless a test names one: ``vm`` (the

@@ -40,7 +40,7 @@ def test_leaves_a_vm(own_engine: EngineProcess) -> None:
 
 
 def test_leaks_fail_the_test_that_made_them(tmp_path: Path) -> None:
-    for helper in ("conftest.py", "vm_guard.py", "machine_report.py"):
+    for helper in ("conftest.py", "vm_guard.py", "machine_report.py", "worktree_guard.py"):
         shutil.copy(Path(__file__).with_name(helper), tmp_path)
     (tmp_path / "test_leaky.py").write_text(LEAKY)
     done = subprocess.run(
