@@ -15,14 +15,13 @@ from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from sandfork.client.connection import Connection, resolve
-from sandfork.client.http_clients import RESOLVER, loop_http_client
+from sandfork.client.keepalive import RESOLVER, loop_client
 from sandfork.protocol import EngineUnreachable, SandforkError, error_for
 
 Body = bytes | str | IO[bytes] | None
 StreamCallback = Callable[[bytes], object]
 
 STREAM_TIMEOUT = 24 * 3600.0  # whole-request limit of a streamed answer (exec stream, export)
-_MAX_CLIENTS = 64  # concurrent requests per event loop (explore runs many forks at once)
 _CHUNK = 1 << 20
 _NO_BODY = ("GET", "DELETE", "HEAD", "OPTIONS")
 
@@ -141,14 +140,7 @@ class EngineClient:
             allow_nonstandard_methods=True,
             decompress_response=False,
         )
-        try:
-            answer = await loop_http_client(_MAX_CLIENTS).fetch(request, raise_error=False)
-        except HTTPClientError as e:  # 599: the connection closed or timed out
-            if e.code == 599 or e.response is None:
-                raise self._unreachable(conn, e) from e
-            answer = e.response
-        except OSError as e:
-            raise self._unreachable(conn, e) from e
+        answer = await loop_client().fetch(request)
         if answer.code == 599:  # no answer: refused, reset, timed out
             raise self._unreachable(conn, answer.error)
         if answer.code >= 400:

@@ -21,7 +21,7 @@ from typing import Any
 from tornado import httputil
 from tornado.httpclient import HTTPRequest, HTTPResponse
 
-from sandfork.client.http_clients import loop_http_client
+from sandfork.client.keepalive import loop_client
 from sandfork.gateway.base import GatewayHandler
 from sandfork.gateway.fleet import Engine
 from sandfork.gateway.routing import Target, target
@@ -34,7 +34,6 @@ LEARN_LIMIT = 8 * 2**20  # an answer kept to learn from is at most this large
 _HOP_BY_HOP = HOP_BY_HOP | {"host"}  # the engine's own host, not the gateway's
 _NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS")
 _END = b""  # the end of a request body in the queue
-_MAX_CLIENTS = 1024  # concurrent requests to the engines (no limit but theirs)
 
 
 def upstream_headers(
@@ -74,10 +73,7 @@ def engine_request(
 
 async def fetch(handler: GatewayHandler, engine: Engine, request: HTTPRequest) -> HTTPResponse:
     """Send ``request``; a 502 naming the engine (now counted down) when it does not answer."""
-    try:
-        response = await loop_http_client(_MAX_CLIENTS).fetch(request, raise_error=False)
-    except OSError as e:
-        response = HTTPResponse(request, 599, error=e)
+    response = await loop_client().fetch(request)
     if response.code == 599 and not handler._headers_written:
         handler.fleet.unreachable(engine, response.error)
         raise EngineUnreachable(f"{engine.describe()} did not answer: {response.error}")
