@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from sandfork.store import tree
-from sandfork.store.ahead import FetchAhead
 from sandfork.store.cache import ChunkCache
 from sandfork.store.manifest import Entry, Manifest, ManifestError, parse
 from sandfork.store.objects import ObjectMissing, ObjectStore, StoreError
@@ -201,11 +200,10 @@ class ChunkStore:
         staging = dest.with_name(f".fetch-{dest.name}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o700)
+        # Spans in a row mostly come from one chunk: its checked bytes are kept at hand.
+        recent = functools.lru_cache(maxsize=RECENT_CHUNKS)(self.chunk)
         try:
-            with FetchAhead(self.chunk, manifest.entries) as ahead:
-                # Spans in a row mostly come from one chunk: its checked bytes are at hand.
-                recent = functools.lru_cache(maxsize=RECENT_CHUNKS)(ahead)
-                tree.materialise(manifest.entries, staging, recent)
+            tree.materialise(manifest.entries, staging, recent)
             staging.rename(dest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
