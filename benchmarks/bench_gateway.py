@@ -48,12 +48,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--backend", choices=("container", "vm"), default="container")
     args = parser.parse_args()
-    os.environ["SANDFORK_TEST_BACKEND"] = args.backend  # what EngineProcess starts
     root = Path(tempfile.mkdtemp(prefix="sandfork-bench-gateway-"))
     gateway = GatewayProcess(root / "gateway", ["bench"])
     (root / "gateway").mkdir()
     gateway.start()
-    (engine,) = start_engines(gateway, {"bench": root / "engine"}).values()
+    backend = f"--EngineConfig.backend={args.backend}"  # the sandboxes' backend
+    (engine,) = start_engines(gateway, {"bench": root / "engine"}, backend).values()
     rows = []
     try:
         sandbox = Sandbox.create(client=engine.client())

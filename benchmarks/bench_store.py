@@ -6,9 +6,13 @@ Starts SeaweedFS (``tests/s3_server.py``) and two engines sharing one bucket (co
 backend, state in temporary folders), runs ``--cells`` cells in one sandbox on engine A, each
 adding ``--cell-kib`` of fresh data to a list and followed by a checkpoint, waits until every
 checkpoint is durable, then restores the last one on A (local) and on B (fetched), each timed
-to its first result. Prints the figures and writes ``docs/benchmarks/store.md``.
+to its first result. Then, for each of ``--sizes`` (MiB of distinct pages a kernel holds),
+``--runs`` snapshots of a sandbox holding that much (its pages changed between them), each
+restored to its first result on A, which has it, and on B, which fetches it whole before the
+start (B has none of its memory's chunks). Prints the figures and writes
+``docs/benchmarks/store.md``.
 
-    .venv/bin/python benchmarks/bench_store.py --cells 20
+    .venv/bin/python benchmarks/bench_store.py --cells 20 --sizes 100 1024 --runs 3
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -23,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers.held import HELD
+
 from conftest import EngineProcess
 from s3_server import BUCKET, SeaweedS3, new_prefix
 from sandfork.sdk import Sandbox
@@ -65,21 +73,46 @@ def wait_durable(proc: EngineProcess, snapshot_id: str) -> None:
         time.sleep(0.1)
 
 
-def first_result(proc: EngineProcess, snapshot_id: str) -> float:
+def first_result(proc: EngineProcess, snapshot_id: str, code: str = "len(cells)") -> float:
     """Seconds from the restore request to the restored kernel's first result."""
     started = time.monotonic()
     box = Sandbox.create(from_snapshot=snapshot_id, client=proc.client())
     try:
-        assert box.create_code_context().run_code("len(cells)").text
+        assert box.create_code_context().run_code(code).text
         return time.monotonic() - started
     finally:
         box.kill()
+
+
+def cached_and_fetched(
+    a: EngineProcess, b: EngineProcess, mib: int, runs: int
+) -> tuple[list[float], list[float]]:
+    """Restores to first result of ``runs`` snapshots of a sandbox holding ``mib`` MiB: on
+    ``a``, which took them, and on ``b``, which fetches each first."""
+    box = Sandbox.create(backend="container", memory_mb=mib + 768, client=a.client())
+    ids = []
+    try:
+        ctx = box.create_code_context()
+        ctx.run_code(f"import numpy as np\nheld = {HELD.format(n=mib * 2**20)}")
+        for run in range(runs):
+            ctx.run_code(f"held ^= np.uint8({run + 1})")  # pages no earlier snapshot had
+            ids.append(box.snapshot().id)
+    finally:
+        box.kill()
+    cached, fetched = [], []
+    for snapshot_id in ids:
+        wait_durable(a, snapshot_id)
+        cached.append(first_result(a, snapshot_id, "held.size"))
+        fetched.append(first_result(b, snapshot_id, "held.size"))
+    return cached, fetched
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", type=int, default=20)
     parser.add_argument("--cell-kib", type=int, default=256)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[100, 1024], help="MiB held")
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sf-store-"))
     s3 = SeaweedS3(root / "s3")
@@ -108,6 +141,7 @@ def main() -> None:
         local = first_result(a, ids[-1])
         fetched = first_result(b, ids[-1])
         again = first_result(b, ids[-1])
+        by_size = {mib: cached_and_fetched(a, b, mib, args.runs) for mib in args.sizes}
     finally:
         b.close()
         a.close()
@@ -118,7 +152,8 @@ def main() -> None:
     lines = [
         "# Snapshot store (issue 24)",
         "",
-        f"`benchmarks/bench_store.py --cells {args.cells} --cell-kib {args.cell_kib}`: one "
+        f"`benchmarks/bench_store.py --cells {args.cells} --cell-kib {args.cell_kib} "
+        f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs}`: one "
         f"container sandbox, {args.cells} cells each adding {args.cell_kib} KiB of random "
         "data, a checkpoint after each; SeaweedFS on loopback; pages referenced where the "
         "sandbox's previous checkpoint stored them, new ones packed into chunks of up to 4 MiB.",
@@ -136,6 +171,18 @@ def main() -> None:
         else "- upload throughput: nothing large enough was sent",
         f"- restore to first result, last checkpoint: on A (local) {local:.2f} s, on B "
         f"(fetched first) {fetched:.2f} s, on B again (now local) {again:.2f} s",
+        "",
+        f"Restore to first result of a sandbox holding distinct pages (medians of {args.runs}):",
+        "",
+        "| held | on the engine that has it | on one that fetches it first | ratio |",
+        "| --- | ---: | ---: | ---: |",
+        *(
+            f"| {mib} MiB | {statistics.median(c):.2f} s | {statistics.median(f):.2f} s "
+            f"| {statistics.median(f) / statistics.median(c):.1f}x |"
+            for mib, (c, f) in by_size.items()
+        ),
+        "",
+        "A fetch takes the whole snapshot before the restore starts (no lazy fetch yet).",
         "",
     ]
     print("\n".join(lines))
