@@ -27,10 +27,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -281,9 +282,7 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, object] = {"runs": args.runs}
     engines = {
-        b: EngineProcess(
-            Path(tempfile.mkdtemp(prefix=f"sandfork-bench-{b}-")), f"--EngineConfig.backend={b}"
-        )
+        b: EngineProcess(scratch(f"sandfork-bench-{b}-"), f"--EngineConfig.backend={b}")
         for b in args.backends
     }
     local = LocalKernel()

@@ -18,12 +18,13 @@ import argparse
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import EngineProcess
@@ -112,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
-    engine = EngineProcess(Path(tempfile.mkdtemp(prefix="sandfork-faults-")))
+    engine = EngineProcess(scratch("sandfork-faults-"))
     engine.start()
     kills: Counter[str] = Counter()
     finished_first: Counter[str] = Counter()

@@ -15,9 +15,10 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,7 +49,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--backend", choices=("container", "vm"), default="container")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="sandfork-bench-gateway-"))
+    root = scratch("sandfork-bench-gateway-")
     gateway = GatewayProcess(root / "gateway", ["bench"])
     (root / "gateway").mkdir()
     gateway.start()

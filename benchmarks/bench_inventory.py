@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
+
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import EngineProcess
@@ -34,7 +35,7 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    engine = EngineProcess(Path(tempfile.mkdtemp(prefix="sfinventory-")))
+    engine = EngineProcess(scratch("sfinventory-"))
     engine.start()
     elapsed, truncated = [], 0
     try:

@@ -24,7 +24,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import nbformat
 import requests
 from jupyter_client.blocking.client import BlockingKernelClient
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -108,7 +108,7 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="sandfork-bench-jupyter-"))
+    root = scratch("sandfork-bench-jupyter-")
     engine = EngineProcess(root / "engine")
     (root / "engine").mkdir()
     engine.start()

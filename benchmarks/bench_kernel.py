@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import zmq
 from jupyter_client.manager import start_new_kernel
 from jupyter_client.session import DELIM, Session
+from scratch import scratch
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
 
-    engine = EngineProcess(Path(tempfile.mkdtemp(prefix="sandfork-bench-kernel-")))
+    engine = EngineProcess(scratch("sandfork-bench-kernel-"))
     engine.start()
     os.environ["SANDFORK_API"], os.environ["SANDFORK_API_KEY"] = engine.url, engine.api_key
     try:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from jupyter_client.manager import start_new_kernel
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,9 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     cold_boot = []
-    cold = EngineProcess(
-        Path(tempfile.mkdtemp(prefix="sandfork-bench-cold-")), "--no-boot-captures"
-    )
+    cold = EngineProcess(scratch("sandfork-bench-cold-"), "--no-boot-captures")
     cold.start()
     try:
         for _ in range(args.cold_runs):
@@ -53,7 +51,7 @@ def main() -> None:
     finally:
         cold.close()
 
-    engine = EngineProcess(Path(tempfile.mkdtemp(prefix="sandfork-bench-")))
+    engine = EngineProcess(scratch("sandfork-bench-"))
     engine.start()
     client = engine.client()
     try:

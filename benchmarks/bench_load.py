@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
+
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import EngineProcess
@@ -30,7 +31,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--counts", action="store_true", help="print every count that moved")
     args = parser.parse_args()
-    engine = EngineProcess(Path(tempfile.mkdtemp(prefix="sfload-")))
+    engine = EngineProcess(scratch("sfload-"))
     engine.start()
     try:
         report = run_load(engine, args.clients, args.rounds)

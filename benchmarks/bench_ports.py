@@ -17,11 +17,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import requests
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     args = parser.parse_args()
     os.environ["SANDFORK_TEST_BACKEND"] = args.backend
-    engine = EngineProcess(Path(tempfile.mkdtemp(prefix="bench-ports-")))
+    engine = EngineProcess(scratch("bench-ports-"))
     engine.start()
     try:
         sandbox = Sandbox.create(client=engine.client())

@@ -26,9 +26,10 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -299,10 +300,7 @@ def main() -> None:
         "copy-on-write": lambda home: EngineProcess(home),
         "copying": lambda home: EngineProcess(home, "--copy-memory"),
     }
-    started = {
-        source: make(Path(tempfile.mkdtemp(prefix="sandfork-bench-")))
-        for source, make in engines.items()
-    }
+    started = {source: make(scratch("sandfork-bench-")) for source, make in engines.items()}
     try:
         for engine in started.values():
             engine.start()

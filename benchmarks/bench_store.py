@@ -22,10 +22,11 @@ import json
 import re
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from scratch import scratch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -114,7 +115,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[100, 1024], help="MiB held")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="sf-store-"))
+    root = scratch("sf-store-")
     s3 = SeaweedS3(root / "s3")
     s3.start()
     prefix = new_prefix()

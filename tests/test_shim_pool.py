@@ -111,3 +111,20 @@ def _ticks_now() -> int:
     """Clock ticks since boot, the unit of a process's start time."""
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     return int(uptime * os.sysconf("SC_CLK_TCK"))
+
+
+@pytest.mark.container
+def test_criu_check_dumps_and_restores_a_sandbox_through_a_waiting_shim() -> None:
+    from sandfork.backends.container.backend import unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"container sandboxes cannot run here: {reason}")
+    done = subprocess.run(
+        [sys.executable, "-m", "sandfork", "criu", "check"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "works here" in done.stdout

@@ -60,16 +60,22 @@ def manifest_key(snapshot_id: str) -> str:
 
 
 @dataclass(frozen=True)
-class Uploaded:
-    """How an upload went: the manifest, the chunks sent and those the bucket already had."""
+class Sent:
+    """What sending a snapshot's files took: chunks sent and those the bucket already had."""
 
-    manifest: Manifest
     sent: int
     skipped: int
     bytes_sent: int
+    pages: PageIndex  # where each page of the upload is stored: give it to the next one
+
+
+@dataclass(frozen=True)
+class Uploaded(Sent):
+    """How an upload went: what was sent, the manifest and whether this upload wrote it."""
+
+    manifest: Manifest
     seconds: float
     committed: bool  # False: the manifest was there already (an earlier run wrote it)
-    pages: PageIndex  # where each page of the upload is stored: give it to the next one
 
 
 class ChunkStore:
@@ -97,12 +103,11 @@ class ChunkStore:
         sources: dict[str, Path],
         progress: Progress | None = None,
         known: PageIndex | None = None,
-    ) -> tuple[list[Entry], Uploaded]:
+    ) -> tuple[list[Entry], Sent]:
         """Send the chunks of ``sources`` (a name in the manifest -> a file or directory)
         that the bucket lacks, their pages packed (:mod:`sandfork.store.pages`; ``known``:
         the pages of an earlier upload, referenced rather than sent); the entries with their
-        spans, and the counts (its manifest still empty)."""
-        started = time.monotonic()
+        spans, and what was sent."""
         scanned = [item for name, path in sources.items() for item in tree.scan(name, path)]
         total = sum(entry.size for entry, _ in scanned)
         counts = [0, 0, 0, 0]  # chunks sent, skipped, bytes sent, bytes read
@@ -130,10 +135,7 @@ class ChunkStore:
             if sum(length for _, _, length in spans) != entry.size:
                 raise StoreError(f"{path} changed while it was uploaded (snapshots are immutable)")
             entries.append(dataclasses.replace(entry, spans=spans))
-        done = Uploaded(
-            Manifest("", {}, ()), counts[0], counts[1], counts[2], 0.0, False, packer.index
-        )
-        return entries, dataclasses.replace(done, seconds=time.monotonic() - started)
+        return entries, Sent(counts[0], counts[1], counts[2], packer.index)
 
     def commit(self, manifest: Manifest) -> bool:
         """Write the manifest, create-only: the snapshot is durable from now on. False if a
@@ -155,11 +157,11 @@ class ChunkStore:
         """Store ``sources`` as the snapshot ``snapshot_id``: its chunks, then its manifest
         (``known``: the pages of an earlier upload, see :meth:`put_files`)."""
         started = time.monotonic()
-        entries, done = self.put_files(sources, progress, known)
+        entries, sent = self.put_files(sources, progress, known)
         manifest = Manifest(snapshot_id, meta, tuple(entries))
         committed = self.commit(manifest)
         seconds = time.monotonic() - started
-        return dataclasses.replace(done, manifest=manifest, seconds=seconds, committed=committed)
+        return Uploaded(**vars(sent), manifest=manifest, seconds=seconds, committed=committed)
 
     def is_durable(self, snapshot_id: str) -> bool:
         """Whether the bucket has the snapshot's manifest."""
