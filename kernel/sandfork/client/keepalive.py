@@ -61,10 +61,12 @@ class KeepAliveClient:
             answer = _Answer(request)
             error: BaseException | None = None
             try:
-                if stream is None:
-                    stream = await self._connect(key, request)
-                timeout = request.request_timeout or _DEFAULT_TIMEOUT
-                await asyncio.wait_for(_exchange(stream, request, answer), timeout)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+                # that comes as the awaited work ends (gh-86296), and the caller runs on.
+                async with asyncio.timeout(request.request_timeout or _DEFAULT_TIMEOUT):
+                    if stream is None:
+                        stream = await self._connect(key, request)
+                    await _exchange(stream, request, answer)
             except (StreamClosedError, ConnectionError) as e:
                 error = e
             except TimeoutError:
@@ -88,10 +90,8 @@ class KeepAliveClient:
     async def _connect(self, key: _Key, request: HTTPRequest) -> IOStream:
         scheme, host, port = key
         tls = ssl.create_default_context() if scheme == "https" else None
-        return await asyncio.wait_for(
-            self._tcp.connect(host, port, ssl_options=tls, max_buffer_size=MAX_BODY),
-            request.connect_timeout or _DEFAULT_TIMEOUT,
-        )
+        async with asyncio.timeout(request.connect_timeout or _DEFAULT_TIMEOUT):
+            return await self._tcp.connect(host, port, ssl_options=tls, max_buffer_size=MAX_BODY)
 
     def _take(self, key: _Key) -> tuple[IOStream | None, bool]:
         """A kept connection that is still open and idle, if there is one."""

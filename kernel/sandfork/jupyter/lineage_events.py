@@ -52,6 +52,7 @@ class LineageEvents:
         self.engine = engine
         self.kernels = kernels
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
         event_logger.register_event_schema(SCHEMA)
 
     def start(self) -> None:
@@ -60,7 +61,9 @@ class LineageEvents:
         self.event_logger.add_listener(schema_id=KERNEL_ACTIONS, listener=self._kernel_action)
 
     async def stop(self) -> None:
-        """Stop following."""
+        """Stop following (even if a cancellation is lost on the way: the follower also
+        looks at the flag, or a server's shutdown would wait on it for ever)."""
+        self._stopped = True
         self.event_logger.remove_listener(schema_id=KERNEL_ACTIONS, listener=self._kernel_action)
         for task in list(self._tasks):
             task.cancel()
@@ -77,7 +80,7 @@ class LineageEvents:
 
     async def _follow_engine(self) -> None:
         cursor: str | None = None
-        while True:
+        while not self._stopped:
             params = {"wait": str(_WAIT_S)} | ({"after": cursor} if cursor else {})
             try:
                 answer = await self.engine.request(
