@@ -26,7 +26,7 @@ import time
 import weakref
 from collections.abc import Awaitable
 from io import BytesIO
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from tornado import httputil
 from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
@@ -66,12 +66,10 @@ class KeepAliveClient:
                 async with asyncio.timeout(request.request_timeout or _DEFAULT_TIMEOUT):
                     if stream is None:
                         stream = await self._connect(key, request)
-                    await _exchange(stream, request, answer)
-            except (StreamClosedError, ConnectionError) as e:
-                error = e
+                    await _exchange(stream, request, url, answer)
             except TimeoutError:
                 error = HTTPTimeoutError("Timeout")
-            except (OSError, httputil.HTTPInputError) as e:
+            except (OSError, httputil.HTTPInputError) as e:  # StreamClosedError is an OSError
                 error = e
             finally:  # a failed or cancelled exchange leaves its connection unusable
                 if stream is not None and (error is not None or not answer.done):
@@ -130,8 +128,9 @@ def _open_and_quiet(stream: IOStream) -> bool:
     return not readable
 
 
-async def _exchange(stream: IOStream, request: HTTPRequest, answer: _Answer) -> None:
-    parts = urlsplit(request.url)
+async def _exchange(
+    stream: IOStream, request: HTTPRequest, parts: SplitResult, answer: _Answer
+) -> None:
     connection = HTTP1Connection(
         stream,
         True,
