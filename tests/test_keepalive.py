@@ -46,51 +46,45 @@ async def server() -> AsyncIterator[tuple[HTTPServer, str]]:
     await http.close_all_connections()
 
 
+@pytest_asyncio.fixture
+async def client() -> AsyncIterator[KeepAliveClient]:
+    """A client whose kept connections are closed after the test."""
+    made = KeepAliveClient()
+    yield made
+    made.close()
+
+
 async def test_a_second_request_goes_over_the_first_ones_connection(
-    server: tuple[HTTPServer, str],
+    server: tuple[HTTPServer, str], client: KeepAliveClient
 ) -> None:
     _, url = server
-    client = KeepAliveClient()
-    try:
-        first = await client.fetch(HTTPRequest(url + "/port"))
-        second = await client.fetch(HTTPRequest(url + "/port"))
-        assert first.code == second.code == 200
-        assert first.body == second.body, "each request had a connection of its own"
-        echoed = await client.fetch(HTTPRequest(url + "/echo", method="POST", body=b"x" * 10))
-        assert echoed.body == b"x" * 10
-    finally:
-        client.close()
+    first = await client.fetch(HTTPRequest(url + "/port"))
+    second = await client.fetch(HTTPRequest(url + "/port"))
+    assert first.code == second.code == 200
+    assert first.body == second.body, "each request had a connection of its own"
+    echoed = await client.fetch(HTTPRequest(url + "/echo", method="POST", body=b"x" * 10))
+    assert echoed.body == b"x" * 10
 
 
 async def test_a_kept_connection_the_server_closed_is_not_used(
-    server: tuple[HTTPServer, str],
+    server: tuple[HTTPServer, str], client: KeepAliveClient
 ) -> None:
     http, url = server
-    client = KeepAliveClient()
-    try:
-        first = await client.fetch(HTTPRequest(url + "/port"))
-        await http.close_all_connections()
-        second = await client.fetch(HTTPRequest(url + "/port"))
-        assert second.code == 200 and second.body != first.body
-    finally:
-        client.close()
+    first = await client.fetch(HTTPRequest(url + "/port"))
+    await http.close_all_connections()
+    second = await client.fetch(HTTPRequest(url + "/port"))
+    assert second.code == 200 and second.body != first.body
 
 
 async def test_the_head_comes_line_by_line_as_tornados_client_gives_it(
-    server: tuple[HTTPServer, str],
+    server: tuple[HTTPServer, str], client: KeepAliveClient
 ) -> None:
     _, url = server
     lines: list[str] = []
     chunks: list[bytes] = []
-    client = KeepAliveClient()
-    try:
-        answer = await client.fetch(
-            HTTPRequest(
-                url + "/port", header_callback=lines.append, streaming_callback=chunks.append
-            )
-        )
-    finally:
-        client.close()
+    answer = await client.fetch(
+        HTTPRequest(url + "/port", header_callback=lines.append, streaming_callback=chunks.append)
+    )
     assert answer.code == 200 and answer.body == b""
     assert lines[0] == "HTTP/1.1 200 OK\r\n" and lines[-1] == "\r\n"
     assert any(line.lower().startswith("content-length:") for line in lines)
@@ -131,29 +125,34 @@ async def _read_request(reader: asyncio.StreamReader) -> None:
             await reader.readuntil(b"0\r\n\r\n")
 
 
+@pytest_asyncio.fixture
+async def closing() -> AsyncIterator[tuple[_ClosesTheSecondRequest, str, KeepAliveClient]]:
+    """The misbehaving server, its URL and a client of it; all closed after the test."""
+    far = _ClosesTheSecondRequest()
+    url = await far.start()
+    made = KeepAliveClient()
+    yield far, url, made
+    made.close()
+    assert far.server is not None
+    far.server.close()
+
+
 @pytest.mark.parametrize("body", [None, b"payload"])
 async def test_a_request_the_kept_connection_dropped_goes_again_on_a_new_one(
-    body: bytes | None,
+    body: bytes | None, closing: tuple[_ClosesTheSecondRequest, str, KeepAliveClient]
 ) -> None:
-    far = _ClosesTheSecondRequest()
-    url = await far.start()
-    client = KeepAliveClient()
+    far, url, client = closing
     method = "GET" if body is None else "POST"
-    try:
-        assert (await client.fetch(HTTPRequest(url, method=method, body=body))).code == 200
-        again = await client.fetch(HTTPRequest(url, method=method, body=body))
-        assert again.code == 200 and again.body == b"ok"
-        assert (far.connections, far.answered) == (2, 2)
-    finally:
-        client.close()
-        assert far.server is not None
-        far.server.close()
+    assert (await client.fetch(HTTPRequest(url, method=method, body=body))).code == 200
+    again = await client.fetch(HTTPRequest(url, method=method, body=body))
+    assert again.code == 200 and again.body == b"ok"
+    assert (far.connections, far.answered) == (2, 2)
 
 
-async def test_a_streamed_body_is_not_sent_twice() -> None:
-    far = _ClosesTheSecondRequest()
-    url = await far.start()
-    client = KeepAliveClient()
+async def test_a_streamed_body_is_not_sent_twice(
+    closing: tuple[_ClosesTheSecondRequest, str, KeepAliveClient],
+) -> None:
+    far, url, client = closing
 
     def streamed() -> Callable[[Callable[[bytes], object]], asyncio.Future[None]]:
         async def produce(write: Callable[[bytes], object]) -> None:
@@ -163,17 +162,12 @@ async def test_a_streamed_body_is_not_sent_twice() -> None:
 
         return produce  # type: ignore[return-value]
 
-    try:
-        first = HTTPRequest(url, method="POST", body_producer=streamed())
-        assert (await client.fetch(first)).code == 200
-        second = HTTPRequest(url, method="POST", body_producer=streamed())
-        failed = await client.fetch(second)
-        assert failed.code == 599, "a streamed body was sent a second time"
-        assert far.answered == 1
-    finally:
-        client.close()
-        assert far.server is not None
-        far.server.close()
+    first = HTTPRequest(url, method="POST", body_producer=streamed())
+    assert (await client.fetch(first)).code == 200
+    second = HTTPRequest(url, method="POST", body_producer=streamed())
+    failed = await client.fetch(second)
+    assert failed.code == 599, "a streamed body was sent a second time"
+    assert far.answered == 1
 
 
 async def test_no_answer_in_time_is_a_599() -> None:
