@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 # mmdebstrap builds template root filesystems; uidmap (newuidmap) lets ordinary users build
 # them in a user namespace, fakechroot and fakeroot where the kernel refuses one (a Docker
 # build step; see docs/design-notes.md, "Rootless template builds").
-SYSTEM_PACKAGES=(python3-venv qemu-system-x86 qemu-utils mmdebstrap uidmap fakechroot fakeroot busybox-static e2fsprogs cpio kmod zstd)
+# gcc and libc6-dev build the library preloaded into QEMU that tracks the pages a VM writes
+# (kernel/sandfork/backends/vm/write_protect.c).
+SYSTEM_PACKAGES=(python3-venv qemu-system-x86 qemu-utils mmdebstrap uidmap fakechroot fakeroot busybox-static e2fsprogs cpio kmod zstd gcc libc6-dev)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -20,6 +20,7 @@ from pathlib import Path
 HOLD_POINTS = (
     "restore.in_use",  # a sandbox is being restored from a snapshot, which it holds; no VM yet
     "snapshot.capture",  # a snapshot has the sandbox's lock, nothing captured yet
+    "snapshot.writing",  # a snapshot is listed ``writing``: its memory layer is not written yet
 )
 
 _POLL_S = 0.01

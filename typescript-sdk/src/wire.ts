@@ -26,9 +26,14 @@ export type BootMode = "cold" | "template" | "snapshot";
 export const BOOT_MODES: readonly BootMode[] = ["cold", "template", "snapshot"];
 
 /** The values of `SnapshotStorage` on the wire. */
-export type SnapshotStorage = "local" | "uploading" | "durable";
+export type SnapshotStorage = "writing" | "local" | "uploading" | "durable";
 /** Every `SnapshotStorage`, in the protocol's order. */
-export const SNAPSHOT_STORAGES: readonly SnapshotStorage[] = ["local", "uploading", "durable"];
+export const SNAPSHOT_STORAGES: readonly SnapshotStorage[] = [
+  "writing",
+  "local",
+  "uploading",
+  "durable",
+];
 
 /** The values of `ErrorKind` on the wire. */
 export type ErrorKind =

@@ -11,7 +11,7 @@ it hands the backend paths and gets back typed answers (:class:`MachineSpec`,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -96,6 +96,7 @@ class CaptureRequest:
     disk: Path
     memory: list[Path]
     new_layer: Callable[[Path | None, str], Path]  # (backing, suffix) -> path to create
+    defer_memory: bool = False  # a large memory layer may be written after the capture returns
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ class Captured:
     snapshot gets a copy). ``memory`` is the snapshot's memory layer, lying over
     ``memory_backing`` (``None``: it stands alone), or ``None`` when the memory is in the
     state folder; ``sandbox_memory`` is what the sandbox's memory matches now.
+    ``memory_written``, if set, is still writing the memory layer (asked for with
+    ``CaptureRequest.defer_memory``): it returns the layer's backing once the file is complete.
     """
 
     paused: float
@@ -116,6 +119,7 @@ class Captured:
     memory_backing: Path | None = None
     sandbox_memory: Path | None = None
     layers: tuple[Path, ...] = ()  # every layer the capture registered
+    memory_written: Awaitable[Path | None] | None = None
 
 
 class Instance(Protocol):

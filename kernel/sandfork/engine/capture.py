@@ -24,7 +24,7 @@ from sandfork.engine.snapshot_store import (
     stored_bytes,
     write_attachments,
 )
-from sandfork.protocol import INVENTORY_ATTACHMENT
+from sandfork.protocol import INVENTORY_ATTACHMENT, SnapshotStorage
 
 
 class Capturer:
@@ -80,23 +80,25 @@ class Capturer:
             made.append(self.store.new_layer(backing, suffix))
             return made[-1]
 
-        request = CaptureRequest(
-            Path(record.disk), self.store.memory_chain(record.memory), new_layer
-        )
+        # A visible capture may list its snapshot before a large memory layer is written.
+        deferred = not hidden and not hibernation
         try:
+            memory = await self.store.written_chain(record.memory)  # the last capture's layer
+            request = CaptureRequest(Path(record.disk), memory, new_layer, deferred)
             captured = await live.instance.snapshot(staging, request)
         except Exception as e:
             self.store.abandon(snapshot_id, staging)
             self.store.settle(*made)
             raise ApiError(f"the snapshot failed: {e}", 500) from e
-        if captured.memory is not None:
+        writing = captured.memory_written
+        if captured.memory is not None and writing is None:
             self.store.set_backing(captured.memory, captured.memory_backing)
         crash_point("snapshot.frozen")
         record.disk = str(captured.sandbox_disk)
         if captured.sandbox_memory is not None:
             record.memory = str(captured.sandbox_memory)
         self.db.put(record)
-        self.store.settle(*made)
+        self.store.settle(*(m for m in made if writing is None or m != captured.memory))
         snap = SnapshotRecord(
             id=snapshot_id,
             name=name,
@@ -114,7 +116,10 @@ class Capturer:
             metadata=metadata or {},
             attachments=stored,
             hibernation_of=record.id if hibernation else None,
+            storage=SnapshotStorage.LOCAL if writing is None else SnapshotStorage.WRITING,
         )
         crash_point("snapshot.written")
+        if writing is not None:
+            self.store.writes.start(snap, record, writing)
         self.store.publish(snap, staging)
         return snap

@@ -132,6 +132,10 @@ class SandforkEngineApp(Application):
             {"EngineConfig": {"boot_captures": False}},
             "Boot every sandbox instead of restoring its template's boot capture.",
         ),
+        "no-track-writes": (
+            {"EngineConfig": {"track_writes": False}},
+            "Compare every page a VM wrote at each capture instead of tracking its writes.",
+        ),
         "copy-memory": (
             {"EngineConfig": {"copy_memory": True}},
             "Copy guest memory whole at every capture and restore (for comparison only).",

@@ -70,6 +70,13 @@ class EngineConfig(LoggingConfigurable):
         "every restore, instead of mapping snapshot images copy-on-write and storing what "
         "changed: the way before copy-on-write memory, kept to measure against.",
     ).tag(config=True)
+    track_writes = Bool(
+        True,
+        help="Track the pages each VM writes (a userfaultfd registered in QEMU, scanned with "
+        "PAGEMAP_SCAN; Linux 6.7 or later and a C compiler), so a capture costs what changed "
+        "since the previous one; off, every capture compares every page written since the "
+        "sandbox's memory image was mapped.",
+    ).tag(config=True)
     boot_capture_dir = Unicode(
         "",
         help="Directory of the boot captures (default: "

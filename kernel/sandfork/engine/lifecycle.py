@@ -347,7 +347,7 @@ class Lifecycle(SandboxRegistry):
             if snap is None:
                 self.mark_dead(record, "its hibernation start is missing")
                 raise Conflict(f"sandbox {sandbox_id} cannot wake: its start is missing")
-            start = self.store.start_point(snap)
+            start = await self.store.start_point(snap)
             suffix = self.backends[start.spec.backend].images.suffix
             disk = self.store.new_layer(start.disk, suffix)  # later writes are dropped
             record.status, record.disk = SandboxStatus.WAKING, str(disk)

@@ -208,7 +208,7 @@ class SandboxService(Lifecycle):
             await self.fetches.ensure(snapshot_id, self.template, self.all)
         with self.store.in_use(snapshot_id) as snap:
             await hold_point("restore.in_use")
-            start = self.store.start_point(snap)
+            start = await self.store.start_point(snap)
             backend = self.backends.choose(start.spec.backend, host_access=host_access)
             self.check_room(1, start.spec.memory_mb)
             if not backend.shares_memory:

@@ -149,7 +149,13 @@ async def serve(config: EngineConfig) -> None:
     db = Database(home / "engine.sqlite")
     ram = Path(config.ram_dir) if config.ram_dir else default_ram_dir(home)
     ram.mkdir(parents=True, exist_ok=True, mode=0o700)
-    vm = VmBackend(ram, config.accelerator, config.boot_timeout, copy_memory=config.copy_memory)
+    vm = VmBackend(
+        ram,
+        config.accelerator,
+        config.boot_timeout,
+        copy_memory=config.copy_memory,
+        track_writes=config.track_writes,
+    )
     # The guests' only way out (engine/egress.py), over each sandbox's egress channel.
     egress = EgressTunnels(
         EgressProxy(

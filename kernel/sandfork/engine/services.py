@@ -135,6 +135,7 @@ class EngineServices:
     async def stop(self) -> None:
         """Detach from every sandbox; the VMs keep running for the next engine (and uploads
         in flight resume in it)."""
+        await self.snapshots.store.writes.drain()  # memory layers still being written
         if self.uploads is not None:
             await self.uploads.stop()
         await self.sandboxes.stop()

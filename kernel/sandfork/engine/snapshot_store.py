@@ -29,6 +29,7 @@ from sandfork import protocol
 from sandfork.backends.base import MachineSpec, StartPoint
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import BadRequest, Conflict, NotFound
+from sandfork.engine.memory_writes import MemoryWrites, drop_unwritten
 from sandfork.protocol import MAX_ATTACHMENT_BYTES as MAX_ATTACHMENT_BYTES
 from sandfork.protocol import SNAPSHOT_ID as SNAPSHOT_ID
 from sandfork.protocol import new_snapshot_id as new_snapshot_id
@@ -98,7 +99,8 @@ class SnapshotStore:
         for path in (self.dir, self.layers_dir, self.scratch):
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o700)
-        self._records = {s.id: s for s in db.snapshots()}
+        self._records = {s.id: s for s in drop_unwritten(db, db.snapshots())}
+        self.writes = MemoryWrites(self)
         self._pending: set[str] = set()
         self._pending_layers: set[str] = set()  # layers being created, not yet referenced
         self._deleter = ThreadPoolExecutor(1, thread_name_prefix="sandfork-delete")
@@ -138,10 +140,18 @@ class SnapshotStore:
             chain.append(Path(layers[str(chain[-1])]))
         return chain
 
-    def start_point(self, snap: SnapshotRecord) -> StartPoint:
-        """What a sandbox restored from ``snap`` starts from."""
+    async def written_chain(self, top: str) -> list[Path]:
+        """:meth:`memory_chain`, once each of its layers is completely written."""
+        while True:
+            chain = self.memory_chain(top)
+            if not await self.writes.wait(chain):
+                return chain
+
+    async def start_point(self, snap: SnapshotRecord) -> StartPoint:
+        """What a sandbox restored from ``snap`` starts from (once its memory is written)."""
         spec = MachineSpec.from_dict(snap.vm)
-        return StartPoint(self.path(snap.id), spec, Path(snap.disk), self.memory_chain(snap.memory))
+        memory = await self.written_chain(snap.memory)
+        return StartPoint(self.path(snap.id), spec, Path(snap.disk), memory)
 
     def settle(self, *layers: Path) -> None:
         """End the ownership :meth:`new_layer` started; unreferenced layers can now go."""
@@ -215,6 +225,7 @@ class SnapshotStore:
             "snapshots_pending": len(self._pending),
             "layers_pending": len(self._pending_layers),
             "snapshots_in_use": len(self._in_use),
+            **self.writes.tracked(),
         }
 
     def get(self, snapshot_id: str) -> SnapshotRecord:
@@ -259,16 +270,20 @@ class SnapshotStore:
 
     def delete(self, snapshot_id: str, sandboxes: list[SandboxRecord]) -> None:
         """Delete a snapshot; layers still used by others stay."""
-        record = self.get(snapshot_id)
         if self._in_use[snapshot_id]:
             raise Conflict(
                 f"snapshot {snapshot_id} is being restored into a new sandbox right now; "
                 "delete it once that has finished"
             )
+        self.forget(snapshot_id)
+        self.collect(sandboxes)
+
+    def forget(self, snapshot_id: str) -> None:
+        """Unlist a snapshot and delete its folder; its layers go with the next collection."""
+        record = self.get(snapshot_id)
         self.db.delete_snapshot(snapshot_id)
         del self._records[snapshot_id]
         self._remove(self.path(snapshot_id, record.hidden))
-        self.collect(sandboxes)
 
     def _remove(self, path: Path) -> None:
         """Delete a file or folder off the event loop: unlinking gigabytes takes a while.

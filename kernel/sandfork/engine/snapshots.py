@@ -186,7 +186,7 @@ class SnapshotService:
         """Write a snapshot to one portable file (see :mod:`sandfork.engine.exchange`)."""
         snap = self.store.get(snapshot_id)
         backend = self._exchanging(snap.vm.get("backend", "vm"))
-        chain = self.store.memory_chain(snap.memory)
+        chain = await self.store.written_chain(snap.memory)
         flat = Path(tempfile.mkdtemp(prefix="export-", dir=self.tmp_dir)) / "memory.img"
         try:
             if len(chain) > 1:  # the file is self-contained: one full image

@@ -83,9 +83,10 @@ class Uploads:
                 await self._task
 
     def submit(self, snap: SnapshotRecord) -> None:
-        """Upload ``snap`` (just captured) in the background."""
-        snap.storage = SnapshotStorage.UPLOADING
-        self.store.db.put_snapshot(snap)
+        """Upload ``snap`` (just captured) in the background, once its memory is written."""
+        if snap.storage != SnapshotStorage.WRITING:
+            snap.storage = SnapshotStorage.UPLOADING
+            self.store.db.put_snapshot(snap)
         self._enqueue(snap.id)
 
     def _enqueue(self, snapshot_id: str) -> None:
@@ -106,6 +107,12 @@ class Uploads:
             if not self.store.has(snapshot_id):
                 return  # deleted meanwhile
             snap = self.store.get(snapshot_id)
+            await self.store.written_chain(snap.memory)
+            if not self.store.has(snapshot_id):
+                return  # its memory could not be written: dropped
+            if snap.storage != SnapshotStorage.UPLOADING:
+                snap.storage = SnapshotStorage.UPLOADING
+                self.store.db.put_snapshot(snap)
             try:
                 backend = self.backends[snap.backend]
                 files, meta = sources(snap, self.store, backend)

@@ -78,7 +78,7 @@ class ForkHandler(GatewayHandler):
             storage = info.get("storage")
             if storage == SnapshotStorage.DURABLE.value:
                 return True
-            if storage != SnapshotStorage.UPLOADING.value:
+            if storage not in (SnapshotStorage.WRITING.value, SnapshotStorage.UPLOADING.value):
                 return False  # no store, or one that cannot take it: it stays local
             await asyncio.sleep(_POLL_S)
         return False

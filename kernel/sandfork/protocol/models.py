@@ -128,7 +128,7 @@ class SnapshotInfo(WireModel):
     contexts: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
     attachments: list[str] = field(default_factory=list)
-    storage: SnapshotStorage = SnapshotStorage.LOCAL  # local → uploading → durable
+    storage: SnapshotStorage = SnapshotStorage.LOCAL  # writing → local → uploading → durable
 
 
 @dataclass

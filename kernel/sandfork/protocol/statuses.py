@@ -43,11 +43,13 @@ class BootMode(StrEnum):
 
 
 class SnapshotStorage(StrEnum):
-    """Where a snapshot is kept (``"storage"`` on the wire): ``local`` (on the disk of the
-    engine that took it, or fetched, only), ``uploading`` (its chunks going to the engine's
-    object store) and ``durable`` (its manifest is in the store: any engine sharing the store
-    can restore it)."""
+    """Where a snapshot is kept (``"storage"`` on the wire): ``writing`` (taken, the sandbox
+    runs on, its memory still going from the engine's memory to its disk: a restore waits
+    for it), ``local`` (on the disk of the engine that took it, or fetched, only),
+    ``uploading`` (its chunks going to the engine's object store) and ``durable`` (its
+    manifest is in the store: any engine sharing the store can restore it)."""
 
+    WRITING = "writing"
     LOCAL = "local"
     UPLOADING = "uploading"
     DURABLE = "durable"

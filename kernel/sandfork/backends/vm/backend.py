@@ -11,7 +11,8 @@ from sandfork.backends.base import CaptureRequest, MachineSpec, StartPoint
 from sandfork.backends.processes import kill_process
 from sandfork.backends.vm.accel import Accelerator, detect_accelerator
 from sandfork.backends.vm.images import Qcow2Images
-from sandfork.backends.vm.machine import DEVICES_FILE, RECORD, Machine, qemu_processes, release
+from sandfork.backends.vm.launch_record import RECORD, qemu_processes
+from sandfork.backends.vm.machine import DEVICES_FILE, Machine, release
 from sandfork.backends.vm.memory_layers import materialize
 from sandfork.backends.vm.process_memory import PAGE
 from sandfork.backends.vm.qemu import (
@@ -47,12 +48,14 @@ class VmBackend:
         boot_timeout: float = 120.0,
         *,
         copy_memory: bool = False,
+        track_writes: bool = True,
     ):
         self.accel: Accelerator = detect_accelerator(accelerator)
         self.boot_timeout = boot_timeout
         self.ram_dir = ram_dir
         ram_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.copy_memory = copy_memory  # the way before copy-on-write, to compare
+        self.track_writes = track_writes
 
     @property
     def accelerator(self) -> str:
@@ -110,6 +113,7 @@ class VmBackend:
             spawned=spawned,
             network=Network(host_access),
             copy_memory=self.copy_memory,
+            track_writes=self.track_writes,
         )
 
     async def restore(
@@ -136,6 +140,7 @@ class VmBackend:
             Network(host_access),
             start.memory,
             self.copy_memory,
+            self.track_writes,
         )
 
     async def boot_capture(self, spec: MachineSpec, template: BuiltTemplate, dest: Path) -> None:

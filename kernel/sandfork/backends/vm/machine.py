@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
+import functools
 import os
 import shlex
 import shutil
@@ -20,24 +20,27 @@ from qemu.qmp import ConnectError, QMPClient
 
 from sandfork.backends.agent_link import ADOPT_WAIT_S, AgentLink
 from sandfork.backends.base import Captured, CaptureRequest
-from sandfork.backends.processes import sandbox_processes, start_time
-from sandfork.backends.vm.memory_layers import materialize, restore_pages, write_capture
+from sandfork.backends.processes import start_time
+from sandfork.backends.vm.launch_record import VmError, read_record, write_record
+from sandfork.backends.vm.memory_layers import (
+    FULL_IMAGE_BYTES,
+    materialize,
+    restore_pages,
+    write_capture,
+)
 from sandfork.backends.vm.process_memory import PAGE, RamMapping, page_buffer
 from sandfork.backends.vm.qemu import VM_FILE_SUFFIXES, Network, VmLayout, VmSpec, command_line
+from sandfork.backends.vm.write_tracking import WriteTracker, preload_environment
 from sandfork.crashpoints import crash_point
+from sandfork.holdpoints import hold_point
 
 DEVICES_FILE = "devices.state"
-RECORD = "machine.json"  # written at launch: what adoption and health checks go by
 MEMORY_SUFFIX = ".mem"
 DISK_SUFFIX = ".qcow2"
 
 
 GUEST_NICENESS = 10
 _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
-
-
-class VmError(Exception):
-    """The VM could not be started or has failed."""
 
 
 class Machine:
@@ -62,6 +65,9 @@ class Machine:
         self.image = image  # the memory image QEMU maps as guest RAM
         self.agent = AgentLink(str(layout.agent_socket))
         self._started = start_time(pid)
+        # The memory layer that the guest's RAM is, but for the pages the tracker has seen
+        # written since (None: unknown, the next capture compares every written page).
+        self._tracked_over: Path | None = None
 
     @classmethod
     async def launch(
@@ -74,6 +80,7 @@ class Machine:
         network: Network | None = None,
         memory: list[Path] | None = None,
         copy_memory: bool = False,
+        track_writes: bool = True,
     ) -> Machine:
         """Start a VM on ``layout.disk`` and wait for its agent.
 
@@ -86,6 +93,8 @@ class Machine:
         process it can find again. ``network`` defaults to a restricted one; a snapshot
         restores under any network. ``copy_memory`` copies the chain's memory into a RAM
         file of the VM's own instead of mapping it (the way before copy-on-write, to compare).
+        ``track_writes`` has the pages the guest writes tracked (:mod:`write_tracking`), so
+        that a capture costs what changed since the previous one.
         """
         longest = max(layout.sockets, key=lambda p: len(os.fsencode(p)))
         if len(os.fsencode(longest)) > _MAX_SOCKET_PATH:
@@ -112,6 +121,7 @@ class Machine:
         if snapshot is not None:
             # Incoming: QEMU's reset would otherwise copy the -kernel/-initrd blobs over RAM.
             command += ["-incoming", "defer"]
+        tracking = preload_environment(image) if track_writes and not copy_memory else {}
         with layout.qemu_log.open("wb") as log:
             process = subprocess.Popen(
                 # Guests yield to the engine, so its API stays responsive on a busy machine:
@@ -123,6 +133,7 @@ class Machine:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=layout.dir,
+                env={**os.environ, **tracking},
                 umask=0o077,  # guest RAM, disk layers and sockets are private to this user
             )
         machine = cls(layout, process.pid, process, image, copy_memory)
@@ -235,8 +246,11 @@ class Machine:
         async with self._qmp(timeout) as qmp:  # QEMU is up: its RAM is mapped
             pages = spec.memory_mb * 2**20 // PAGE
             numbers, data = await asyncio.to_thread(restore_pages, memory, pages)
-            await asyncio.to_thread(self._ram().write, numbers, data)
+            ram = self._ram()
+            await asyncio.to_thread(ram.write, numbers, data)
             del data
+            if await asyncio.to_thread(_arm, ram):  # from here on, writes are tracked
+                self._tracked_over = memory[0]
             await qmp.execute("migrate-incoming", {"uri": f"exec:cat {shlex.quote(str(devices))}"})
             await _wait_migration(qmp, timeout)
             await qmp.execute("cont")
@@ -245,17 +259,23 @@ class Machine:
         """Capture memory, devices and disk at one instant into ``dest``.
 
         The VM is paused while its disk layer is frozen (new writes go to a new overlay), its
-        device state is saved, and the pages it wrote since its memory image was mapped are
-        copied out; then it runs on, and those pages are stored in a new memory layer: the
-        ones that differ from ``request.memory`` (the chain the VM's memory last matched) as
-        a delta over it, or everything as a full image (see
-        :func:`memory_layers.write_capture`). The frozen disk layer is the snapshot's.
+        device state is saved, and the pages that may differ from ``request.memory`` (the
+        chain the VM's memory last matched) are copied out: the pages written since that
+        chain was captured or restored where writes are tracked, else every page written
+        since the memory image was mapped. Then it runs on, and those pages are stored in a
+        new memory layer: the ones that differ as a delta over the chain, or everything as a
+        full image (see :func:`memory_layers.write_capture`). The frozen disk layer is the
+        snapshot's.
         """
         memory = request.memory
         new_disk = request.new_layer(request.disk, DISK_SUFFIX)
         new_memory = request.new_layer(memory[0] if memory else None, MEMORY_SUFFIX)
         ram = self._ram()
-        expected = len(await asyncio.to_thread(ram.written_pages))
+        tracker = WriteTracker(ram)
+        tracked = self._tracked_over is not None and memory[:1] == [self._tracked_over]
+        self._tracked_over = None  # unknown until this capture is stored
+        changed = tracker.written if tracked else ram.written_pages
+        expected = len(await asyncio.to_thread(changed))
         buffer = await asyncio.to_thread(page_buffer, expected + expected // 8 + 1024)
         async with self._qmp() as qmp:
             await qmp.execute("stop")
@@ -268,7 +288,8 @@ class Machine:
                 target = str(dest / DEVICES_FILE)
                 await qmp.execute("xen-save-devices-state", {"filename": target, "live": False})
                 crash_point("snapshot.paused")
-                numbers = await asyncio.to_thread(ram.written_pages)
+                numbers = await asyncio.to_thread(tracker.take if tracked else ram.written_pages)
+                armed = tracked or await asyncio.to_thread(_arm, ram)
                 if len(numbers) > len(buffer):
                     buffer = await asyncio.to_thread(page_buffer, len(numbers))
                 await asyncio.to_thread(ram.read, numbers, buffer)
@@ -278,11 +299,16 @@ class Machine:
             finally:
                 await qmp.execute("cont")
             pause = time.monotonic() - paused
-        backing = None
-        if not self.copy_memory:
-            backing = await asyncio.to_thread(
-                write_capture, new_memory, numbers, buffer[: len(numbers)], memory, ram.pages
-            )
+        write = functools.partial(
+            write_capture, new_memory, numbers, buffer[: len(numbers)], memory, ram.pages
+        )
+        backing, writing = None, None
+        if not self.copy_memory:  # (copying wrote it while paused)
+            tracked_over = new_memory if armed else None
+            if request.defer_memory and len(numbers) * PAGE > FULL_IMAGE_BYTES:
+                writing = asyncio.ensure_future(self._write(write, tracked_over, later=True))
+            else:
+                backing = await self._write(write, tracked_over)
         return Captured(
             paused=pause,
             disk=request.disk,
@@ -291,7 +317,20 @@ class Machine:
             memory_backing=backing,
             sandbox_memory=new_memory,
             layers=(new_disk, new_memory),
+            memory_written=writing,
         )
+
+    async def _write(
+        self, write: Callable[[], Path | None], tracked_over: Path | None, later: bool = False
+    ) -> Path | None:
+        """Write a capture's memory layer (``later``: after the capture returned); then, if
+        writes were tracked from the capture on, the next capture reads only the pages
+        written since (over that layer)."""
+        if later:
+            await hold_point("snapshot.writing")
+        backing = await asyncio.to_thread(write)
+        self._tracked_over = tracked_over
+        return backing
 
     async def resumed(self) -> None:
         """A restored guest still has the clock and entropy of its capture: refresh both."""
@@ -347,39 +386,17 @@ async def _wait_migration(qmp: QMPClient, timeout: float) -> None:
         await asyncio.sleep(0.005)
 
 
+def _arm(ram: RamMapping) -> bool:
+    """Start tracking the writes to ``ram`` from now on; False where they are not tracked."""
+    tracker = WriteTracker(ram)
+    if not tracker.available():
+        return False
+    tracker.take()
+    return True
+
+
 def release(ram_dir: Path, directory: Path) -> None:
     """Delete a stopped VM's directory (logs), its RAM file and its sockets."""
     for suffix in VM_FILE_SUFFIXES:
         (ram_dir / f"{directory.name}{suffix}").unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def write_record(directory: Path, pid: int, image: Path) -> None:
-    """Record a launched QEMU process: its pid, start time and the memory image it maps."""
-    data = {"pid": pid, "start": start_time(pid), "image": str(image)}
-    tmp = directory / f".{RECORD}.tmp"
-    tmp.write_text(json.dumps(data))
-    tmp.rename(directory / RECORD)
-
-
-def read_record(directory: Path) -> dict[str, object]:
-    """What :func:`write_record` wrote for the VM of ``directory``."""
-    try:
-        data = json.loads((directory / RECORD).read_text())
-    except (OSError, ValueError) as e:
-        raise VmError(f"its launch record is unreadable ({e})") from e
-    if not isinstance(data, dict):
-        raise VmError("its launch record is not an object")
-    return data
-
-
-def qemu_processes(root: Path) -> dict[str, int]:
-    """The QEMU processes running a VM whose directory is in ``root``: {directory name: pid}."""
-    return sandbox_processes(root, _vm_folder)
-
-
-def _vm_folder(args: list[bytes]) -> bytes | None:
-    if not args[0].endswith(b"qemu-system-x86_64") or b"-serial" not in args:
-        return None
-    console = args[args.index(b"-serial") + 1].removeprefix(b"file:")  # <dir>/console.log
-    return console.rsplit(b"/", 1)[0]
