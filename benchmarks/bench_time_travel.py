@@ -11,9 +11,9 @@ medians over ``--runs``:
    bytes it added (``GET /snapshots``), the cell's time to its reply (and idle), the checkpoint's
    wall time (the next request waits for it: a silent ``pass`` sent at the reply is answered
    that much later than on its own). In the kernel that loaded the data: its first checkpoint
-   (which pauses for every page written since boot, so the kernel then moves onto a sandbox
-   restored from it: ``remap_pause_ms``), (a) the ones after it, and (a0) the same in a second
-   kernel with the move turned off (a long-running sandbox); and (b) after ``%rewind 1``;
+   (which stores every page written since the sandbox started), (a) the ones after it (the
+   kernel stays in its sandbox; the engine tracks the pages it writes), and (b) after
+   ``%rewind 1``;
 2. ``%rewind 1`` to first result: one cell, ``%rewind 1`` then ``print(1)``;
 3. wake from hibernation to first result (``%hibernate after 1``): once the engine lists the
    sandbox ``hibernated``, an execute of ``print(x)`` to its output;
@@ -63,12 +63,12 @@ PEER = (
     "(Kishu's commit/checkout is measured in bench_snapshot.py)"
 )
 Rows = dict[str, list[float]]
-FIRST, LOADED = "first checkpoint after loading", "(a) loaded kernel, after the move"
-NO_MOVE, RESTORED = "(a0) loaded kernel, move off", "(b) after %rewind"
+FIRST, LOADED = "first checkpoint after loading", "(a) loaded kernel"
+RESTORED = "(b) after %rewind"
 REWIND, WAKE = "%rewind 1 to first result (s)", "wake from hibernation to first result (s)"
 RUNNING, ASLEEP = "QEMU PSS running (MB)", "hibernated: RAM held (MB)"
 TARGETS: dict[str, float] = {
-    **{f"{kind}: checkpoint paused (ms)": 50 for kind in (LOADED, NO_MOVE, RESTORED)},
+    **{f"{kind}: checkpoint paused (ms)": 50 for kind in (LOADED, RESTORED)},
     **{f"{kind}: checkpoint added (MB)": 2 * CHANGED / 1e6 for kind in (LOADED, RESTORED)},
     REWIND: 1.0,
     WAKE: 1.5,
@@ -156,14 +156,6 @@ def _load(nb: Notebook, size: int) -> None:
     _run(kc, "%checkpoints on 1000")
 
 
-def measure_without_move(nb: Notebook, size: int, runs: int, step: Callable[[str], None]) -> None:
-    """Checkpoints of a kernel that stays in the sandbox that loaded the data."""
-    _load(nb, size)
-    for _ in range(runs):
-        step(f"checkpoints, {NO_MOVE}")
-        nb.cell(NO_MOVE, size)
-
-
 def measure(nb: Notebook, size: int, runs: int, step: Callable[[str], None]) -> None:
     """Every other figure, in one kernel: it loads the data once (slow under TCG)."""
     kc = nb.kc
@@ -174,10 +166,12 @@ def measure(nb: Notebook, size: int, runs: int, step: Callable[[str], None]) -> 
     nb.add("%checkpoints on: paused (ms)", first.paused_ms)
     nb.add("%checkpoints on: stored (MB)", first.size_bytes / 1e6)
     step(FIRST)
+    loaded = sandbox_id(nb.km)
     nb.cell(FIRST, size)
     for _ in range(runs):
         step(f"checkpoints, {LOADED}")
         nb.cell(LOADED, size)
+    assert sandbox_id(nb.km) == loaded  # checkpoints never move the kernel
     for _ in range(runs):
         step(f"%rewind, checkpoints {RESTORED}")
         seconds, printed = clock(lambda: _run(kc, "%rewind 1\nprint(1)"))
@@ -263,27 +257,23 @@ def main() -> None:
     rows: Rows = {}
     try:
         with Progress(*columns, TimeElapsedColumn()) as progress:
-            task = progress.add_task("kernel, loading the state", total=3 + 4 * args.runs)
+            task = progress.add_task("kernel, loading the state", total=2 + 3 * args.runs)
 
             def step(description: str) -> None:
                 progress.update(task, advance=1, description=description)
 
-            for work, options in [
-                (measure, []),
-                (measure_without_move, ["--SandforkKernelApp.remap_pause_ms=0"]),
-            ]:
-                km, kc = start_new_kernel(
-                    kernel_name="sandfork",
-                    startup_timeout=120,
-                    extra_arguments=["--memory-mb", str(vm_memory), *options],
-                )
-                nb = Notebook(engine, km, kc)
-                try:
-                    work(nb, size, args.runs, step)
-                finally:
-                    kc.stop_channels()
-                    km.shutdown_kernel()
-                rows |= nb.rows
+            km, kc = start_new_kernel(
+                kernel_name="sandfork",
+                startup_timeout=120,
+                extra_arguments=["--memory-mb", str(vm_memory)],
+            )
+            nb = Notebook(engine, km, kc)
+            try:
+                measure(nb, size, args.runs, step)
+            finally:
+                kc.stop_channels()
+                km.shutdown_kernel()
+            rows |= nb.rows
             step("done")
     finally:
         engine.close()

@@ -76,12 +76,6 @@ class SandforkKernelApp(JupyterApp):
     checkpoints_kept = Int(
         CHECKPOINTS_KEPT, help="Per-cell checkpoints kept per kernel; older ones are deleted."
     ).tag(config=True)
-    remap_pause_ms = Int(
-        50,
-        help="A per-cell checkpoint that paused the kernel longer than this (ms) moves the "
-        "kernel onto a sandbox restored from it, in the same state: its memory then maps the "
-        "checkpoint, and later checkpoints pause only for the pages cells change; 0: never.",
-    ).tag(config=True)
     hibernate_after = Float(
         1800.0,
         help="Seconds a kernel may stay idle before its sandbox hibernates (captured, its VM "
@@ -133,7 +127,7 @@ class SandforkKernelApp(JupyterApp):
         state = state_file(self.connection_file)
         saved = (load_state(state) or {}).get("checkpoints")
         checkpoints = CellCheckpoints.from_state(
-            saved, self.checkpoint_cells, self.checkpoints_kept, self.remap_pause_ms
+            saved, self.checkpoint_cells, self.checkpoints_kept
         )
         config = EngineConnection.of(self, self.log)
         engine = EngineClient(

@@ -50,7 +50,6 @@ class CellCheckpoints:
     kept: int = CHECKPOINTS_KEPT
     lineage: str = field(default_factory=lambda: uuid.uuid4().hex)
     head: str | None = None  # the checkpoint the kernel's state is now, if it is one
-    remap_above_ms: int = 50  # a checkpoint pausing longer moves the kernel onto it; 0: never
     _cells: dict[str, _Cell] = field(default_factory=dict)  # execute msg_id -> its cell
 
     def state(self) -> dict[str, Any]:
@@ -58,21 +57,11 @@ class CellCheckpoints:
         return {"enabled": self.enabled, "kept": self.kept, "lineage": self.lineage}
 
     @classmethod
-    def from_state(
-        cls, saved: dict[str, Any] | None, enabled: bool, kept: int, remap_above_ms: int
-    ) -> CellCheckpoints:
+    def from_state(cls, saved: dict[str, Any] | None, enabled: bool, kept: int) -> CellCheckpoints:
         """The checkpoints of a restarted kernel (``saved``), else new ones as configured."""
         if not saved:
-            return cls(enabled=enabled, kept=kept, remap_above_ms=remap_above_ms)
-        lineage = str(saved["lineage"])
-        return cls(bool(saved["enabled"]), int(saved["kept"]), lineage, None, remap_above_ms)
-
-    def remaps(self, taken: Snapshot) -> bool:
-        """True if the kernel should go on in a sandbox restored from ``taken``: its capture
-        paused the kernel long (it read every page written since the sandbox's memory image
-        was mapped), and a restored sandbox maps the checkpoint's, so later checkpoints pause
-        only for what changes."""
-        return 0 < self.remap_above_ms < taken.paused_ms
+            return cls(enabled=enabled, kept=kept)
+        return cls(bool(saved["enabled"]), int(saved["kept"]), str(saved["lineage"]))
 
     def started(self, msg_id: str, code: str, metadata: dict[str, object]) -> None:
         """A cell's execute request went to the guest: remember which cell it is."""

@@ -310,17 +310,11 @@ class KernelProxy:
         self.checkpoints.started(request.header["msg_id"], code, metadata)
 
     async def _cell_checkpoint(self, metadata: dict[str, str]) -> None:
-        """Take a cell's checkpoint; after a long pause, go on in a sandbox restored from it
-        (the same state) when the sandbox is the kernel's own VM (a container's capture
-        costs the same in a restored copy: moving would not help)."""
+        """Take a cell's checkpoint (the engine's capture pauses the sandbox for what the
+        cell changed, so the kernel stays in its sandbox)."""
         sandbox = self.binding.sandbox
         try:
-            taken = await self.checkpoints.take(sandbox, metadata)
-            movable = self.binding.leased and sandbox.isolation != "container"
-            if movable and self.checkpoints.remaps(taken):
-                await self._repoint(
-                    await magics.restore_for_kernel(taken.id, sandbox, self.controls)
-                )
+            await self.checkpoints.take(sandbox, metadata)
         except SandforkError as e:
             log.warning("the checkpoint of sandbox %s failed: %s", sandbox.id, e)
 
