@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,10 @@ class _Iovec(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.process_vm_readv.restype = ctypes.c_ssize_t
 _libc.process_vm_writev.restype = ctypes.c_ssize_t
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+_libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 @dataclass(frozen=True)
@@ -98,13 +103,20 @@ class RamMapping:
 
 def page_buffer(count: int) -> Pages:
     """A buffer for ``count`` pages, its memory committed now (so copying into it while the
-    guest is paused takes no page faults)."""
-    region = mmap.mmap(-1, max(count, 1) * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    pages = np.frombuffer(region, dtype=np.uint8).reshape(-1, PAGE)
-    # One write per page commits it; numpy lets go of the GIL meanwhile (MAP_POPULATE would
-    # hold it for the whole mmap call, stalling the engine's event loop).
-    pages[:, 0] = 0
-    return pages
+    guest is paused takes no page faults).
+
+    ``MAP_POPULATE`` commits it in the kernel, a third faster than touching each page (0.31-
+    0.40 s against 0.45-0.53 s per GiB here); through ctypes, which lets go of the GIL
+    meanwhile (Python's own mmap would hold it, stalling the engine's event loop)."""
+    size = max(count, 1) * PAGE
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
+    address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    if address in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot allocate a {size}-byte page buffer: {os.strerror(err)}")
+    region = (ctypes.c_uint8 * size).from_address(address)
+    weakref.finalize(region, _libc.munmap, ctypes.c_void_p(address), ctypes.c_size_t(size))
+    return np.frombuffer(memoryview(region), dtype=np.uint8).reshape(-1, PAGE)
 
 
 def runs(numbers: PageNumbers) -> list[tuple[int, int]]:
