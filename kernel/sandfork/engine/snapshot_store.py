@@ -148,9 +148,11 @@ class SnapshotStore:
                 return chain
 
     async def start_point(self, snap: SnapshotRecord) -> StartPoint:
-        """What a sandbox restored from ``snap`` starts from (once its memory is written)."""
+        """What a sandbox restored from ``snap`` starts from (once its memory is written: a
+        404 if that failed and dropped it)."""
         spec = MachineSpec.from_dict(snap.vm)
         memory = await self.written_chain(snap.memory)
+        self.get(snap.id)
         return StartPoint(self.path(snap.id), spec, Path(snap.disk), memory)
 
     def settle(self, *layers: Path) -> None:
