@@ -19,21 +19,30 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sandfork.engine.db import Database, SandboxRecord, SnapshotRecord
 from sandfork.protocol import SnapshotStorage
 
-if TYPE_CHECKING:
-    from sandfork.engine.snapshot_store import SnapshotStore
-
 log = logging.getLogger(__name__)
+
+
+class Store(Protocol):
+    """What a write needs of the snapshot store that owns it
+    (:class:`~sandfork.engine.snapshot_store.SnapshotStore`)."""
+
+    db: Database
+
+    def has(self, snapshot_id: str) -> bool: ...
+    def forget(self, snapshot_id: str) -> None: ...
+    def set_backing(self, layer: Path, backing: Path | None) -> None: ...
+    def settle(self, *layers: Path) -> None: ...
 
 
 class MemoryWrites:
     """The memory layers of one store being written in the background."""
 
-    def __init__(self, store: SnapshotStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self._done: dict[str, asyncio.Future[None]] = {}  # layer -> its write ended
         self._tasks: set[asyncio.Task[None]] = set()
