@@ -249,7 +249,7 @@ class Machine:
             ram = self._ram()
             await asyncio.to_thread(ram.write, numbers, data)
             del data
-            if await asyncio.to_thread(_arm, ram):  # from here on, writes are tracked
+            if await asyncio.to_thread(WriteTracker(ram).arm):  # writes tracked from here on
                 self._tracked_over = memory[0]
             await qmp.execute("migrate-incoming", {"uri": f"exec:cat {shlex.quote(str(devices))}"})
             await _wait_migration(qmp, timeout)
@@ -289,7 +289,7 @@ class Machine:
                 await qmp.execute("xen-save-devices-state", {"filename": target, "live": False})
                 crash_point("snapshot.paused")
                 numbers = await asyncio.to_thread(tracker.take if tracked else ram.written_pages)
-                armed = tracked or await asyncio.to_thread(_arm, ram)
+                armed = tracked or await asyncio.to_thread(tracker.arm)
                 if len(numbers) > len(buffer):
                     buffer = await asyncio.to_thread(page_buffer, len(numbers))
                 await asyncio.to_thread(ram.read, numbers, buffer)
@@ -384,15 +384,6 @@ async def _wait_migration(qmp: QMPClient, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise VmError(f"saving or loading the VM state took over {timeout:.0f} s")
         await asyncio.sleep(0.005)
-
-
-def _arm(ram: RamMapping) -> bool:
-    """Start tracking the writes to ``ram`` from now on; False where they are not tracked."""
-    tracker = WriteTracker(ram)
-    if not tracker.available():
-        return False
-    tracker.take()
-    return True
 
 
 def release(ram_dir: Path, directory: Path) -> None:

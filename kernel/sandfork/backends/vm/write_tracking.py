@@ -108,6 +108,14 @@ class WriteTracker:
             return False
         return True
 
+    def arm(self) -> bool:
+        """Track the writes from now on (what was written before is forgotten); False if
+        the mapping is not registered for tracking."""
+        if not self.available():
+            return False
+        self.take()
+        return True
+
     def written(self) -> PageNumbers:
         """The pages written since the last :meth:`take`, leaving them marked."""
         return self._scan(protect=False)
