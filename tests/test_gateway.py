@@ -294,6 +294,55 @@ def test_a_silent_engine_s_sandboxes_are_dead_until_it_is_back(
         lost.close()
 
 
+def restores_refused_404(engine: EngineProcess) -> int:
+    """The creates (restores) the engine answered 404, as its access log lists them."""
+    log = (engine.home / "engine.log").read_text(errors="replace")
+    return log.count(f"404 POST {routes.API}{routes.SANDBOXES} (")
+
+
+@pytest.mark.vm
+@pytest.mark.any_backend
+def test_a_restore_only_a_full_or_silent_engine_could_run(
+    gateway: GatewayProcess,
+    fleet: dict[str, EngineProcess],
+    client: Client,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    home = tmp_path_factory.mktemp("engine-d")  # short: a container's capture binds a socket
+    (holder,) = start_engines(gateway, {"d": home}, "--EngineConfig.max_sandboxes=1").values()
+    try:
+        box = Sandbox.create(client=holder.client())  # d is full (one sandbox at most)
+        snapshot_id = box.snapshot("only on d").id  # no snapshot store: only d can restore it
+        gateway.wait_for("saw d full", lambda: gateway.engines()["d"]["capacity"]["sandboxes"])
+
+        def refused_by_the_others(before: int) -> int:
+            gateway.wait_for(
+                "saw a 404 logged", lambda: sum(map(restores_refused_404, fleet.values())) > before
+            )
+            return sum(map(restores_refused_404, fleet.values())) - before
+
+        # The first engine with room lacks it (404): no other without it is asked; d is,
+        # and its own 429 is the answer.
+        before = sum(map(restores_refused_404, fleet.values()))
+        with pytest.raises(LimitExceeded, match="max_sandboxes"):
+            Sandbox.create(from_snapshot=snapshot_id, client=client)
+        assert refused_by_the_others(before) == 1
+
+        # d is silent: the one engine asked lacks it, and the answer names d.
+        holder.stop(signal.SIGKILL)
+        gateway.wait_for("saw d silent", lambda: not gateway.engines()["d"]["alive"])
+        before = sum(map(restores_refused_404, fleet.values()))
+        with pytest.raises(ConflictError, match=f"snapshot {snapshot_id} is on engine 'd'"):
+            Sandbox.create(from_snapshot=snapshot_id, client=client)
+        assert refused_by_the_others(before) == 1
+
+        holder.start()  # back, to kill its sandbox
+        gateway.wait_for("saw d back", lambda: gateway.engines()["d"]["alive"])
+        Sandbox.get(box.id, client=client).kill()
+    finally:
+        holder.close()
+
+
 @pytest.mark.vm
 @pytest.mark.any_backend
 @pytest.mark.asyncio

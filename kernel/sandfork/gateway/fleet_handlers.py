@@ -14,10 +14,10 @@ from typing import Any
 
 from tornado.httpclient import HTTPResponse
 
-from sandfork.gateway.base import GatewayHandler, engine_down, no_engine
+from sandfork.gateway.base import GatewayHandler, no_engine
 from sandfork.gateway.fleet import Engine, memory_of
 from sandfork.gateway.relay import engine_request, fetch, learned, start_answer
-from sandfork.gateway.routing import target
+from sandfork.gateway.routing import place_restore, target
 from sandfork.protocol import (
     BadRequestError,
     EngineUnreachable,
@@ -148,41 +148,23 @@ class SandboxesHandler(GatewayHandler):
 
     async def _restore(self, snapshot_id: object) -> None:
         """A restore goes where the snapshot is cached if that engine has room, else to one
-        with room that fetches it from the snapshot store (see :meth:`Fleet.restore_places`);
-        a snapshot no answering engine has or can fetch is a 409 naming its silent holder."""
+        with room that fetches it from the snapshot store (see :func:`place_restore`); a
+        snapshot no answering engine has or can fetch is a 409 naming its silent holder."""
         if not (isinstance(snapshot_id, str) and is_snapshot_id(snapshot_id)):
             alive = self.fleet.alive()  # one engine says what is wrong, in its own words
             if not alive:
                 raise no_engine()
             self._relay_answer(alive[0], await self._send(alive[0]))
             return
-        owner = await self.fleet.find(
-            routes.snapshot(snapshot_id), lambda: self.fleet.snapshot_owner(snapshot_id)
-        )
-        places = self.fleet.restore_places(snapshot_id)
-        if not places:
+        placed = await place_restore(self.fleet, snapshot_id, self._send, lambda r: r.code)
+        if placed is None:
             if not self.fleet.alive():
                 raise no_engine()
             raise LimitExceeded(
                 f"no engine of this gateway has room to restore snapshot {snapshot_id} "
                 f"({self.fleet.snapshot_memory_mb(snapshot_id)} MiB)"
             )
-        holders = {e.name for e in self.fleet.snapshot_holders(snapshot_id)}
-        engine, response = places[0], None
-        for place in places:
-            if response is not None and response.code == 404 and place.name not in holders:
-                continue  # the store lacks it: another engine without it would say the same
-            engine, response = place, await self._send(place)
-            if response.code not in (404, 429):
-                break
-        assert response is not None
-        if response.code == 404 and owner is not None:
-            reason = self.fleet.down_reason(owner)
-            if reason is not None:  # only a silent engine has it
-                raise engine_down(f"snapshot {snapshot_id}", owner, reason)
-        if response.code < 300:
-            self.fleet.restored(engine, snapshot_id)
-        self._relay_answer(engine, response)
+        self._relay_answer(*placed)
 
     async def _send(self, engine: Engine) -> HTTPResponse:
         return await fetch(self, engine, engine_request(self, engine, self.body_bytes()))

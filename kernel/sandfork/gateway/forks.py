@@ -3,12 +3,13 @@
 snapshot store.
 
 The gateway asks the parent's engine for a snapshot, waits until it is ``durable`` (in the
-store, so any engine of the fleet can fetch it), starts each copy where a restore of it would
-go (:meth:`~sandfork.gateway.fleet.Fleet.restore_places`), then deletes the capture from the
-engines that hold it (the copies keep what they use). A copy made so is a restore of that
-capture: its record names no fork parent, and ``reseed_python`` is not offered (the parent's
-engine's 429 is the answer when it is asked for); an engine without a snapshot store keeps
-its 429 too. A copy that fails to start takes the others it started with it.
+store, so any engine of the fleet can fetch it), starts each copy where a client's restore
+of it would go (:func:`~sandfork.gateway.routing.place_restore`, the same rule), then
+deletes the capture from the engines that hold it (the copies keep what they use). A copy
+made so is a restore of that capture: its record names no fork parent, and ``reseed_python``
+is not offered (the parent's engine's 429 is the answer when it is asked for); an engine
+without a snapshot store keeps its 429 too. A copy that fails to start takes the others it
+started with it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from http import HTTPStatus
 from typing import Any
 
 from sandfork.gateway.base import GatewayHandler
 from sandfork.gateway.fleet import Engine
 from sandfork.gateway.relay import engine_request, fetch, learned, start_answer
-from sandfork.gateway.routing import target
+from sandfork.gateway.routing import place_restore, target
 from sandfork.protocol import LimitExceeded, SandforkError, SnapshotStorage, routes
 
 log = logging.getLogger(__name__)
@@ -102,21 +104,27 @@ class ForkHandler(GatewayHandler):
     async def _copy(
         self, snapshot_id: str, metadata: dict[str, Any]
     ) -> tuple[Engine, dict[str, Any]]:
-        refusal: SandforkError = LimitExceeded("no engine of this gateway has room for a copy")
-        for place in self.fleet.restore_places(snapshot_id):
+        """One copy, started as a restore of the capture; its engine and its record."""
+
+        async def start(place: Engine) -> dict[str, Any] | SandforkError:
             try:
-                record = await place.client.request(
+                record: dict[str, Any] = await place.client.request(
                     "POST",
                     routes.SANDBOXES,
                     json={"from_snapshot": snapshot_id, "metadata": metadata},
                 )
-            except LimitExceeded as e:  # full after all: the next one
-                refusal = e
-                continue
-            self.fleet.restored(place, snapshot_id)
-            self.fleet.learn(place, record)
-            return place, record
-        raise refusal
+            except SandforkError as e:  # a refusal: place_restore decides what comes next
+                return e
+            return record
+
+        placed = await place_restore(self.fleet, snapshot_id, start, _status)
+        if placed is None:
+            raise LimitExceeded("no engine of this gateway has room for a copy")
+        place, outcome = placed
+        if isinstance(outcome, SandforkError):
+            raise outcome
+        self.fleet.learn(place, outcome)
+        return place, outcome
 
     async def _forget(self, snapshot_id: str) -> None:
         """Delete the capture from every engine that holds it."""
@@ -127,3 +135,10 @@ class ForkHandler(GatewayHandler):
                 where = engine.describe()
                 log.warning("the capture %s of a fork stays on %s: %s", snapshot_id, where, e)
         self.fleet.dropped(snapshot_id)
+
+
+def _status(outcome: dict[str, Any] | SandforkError) -> int:
+    """The HTTP status of a copy's start: its refusal's, else a create's."""
+    if isinstance(outcome, SandforkError):
+        return outcome.status or HTTPStatus.INTERNAL_SERVER_ERROR
+    return HTTPStatus.CREATED

@@ -1,6 +1,7 @@
 """Which engine a relayed request goes to: the owner of the sandbox or snapshot its path
 names, a place with room for an import, or any engine that answers (templates, and paths no
-route has, so that the answer is an engine's own, its 404 included).
+route has, so that the answer is an engine's own, its 404 included); and which engines a
+restore of a snapshot is tried on, in turn (a client's, and a fork's copy started elsewhere).
 
 The paths are matched with patterns made from :mod:`sandfork.protocol.routes` and the ids'
 forms; nothing here spells a route.
@@ -9,8 +10,9 @@ forms; nothing here spells a route.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sandfork.gateway.base import engine_down, no_engine
 from sandfork.gateway.fleet import Engine, Fleet
@@ -19,6 +21,9 @@ from sandfork.protocol import SANDBOX_ID, SNAPSHOT_ID, LimitExceeded, routes
 _SANDBOX_PATH = re.compile(rf"{routes.API}{routes.SANDBOXES}/({SANDBOX_ID})(?:/(.*))?")
 _SNAPSHOT_PATH = re.compile(rf"{routes.API}{routes.SNAPSHOTS}/({SNAPSHOT_ID})(?:/.*)?")
 _IMPORT_PATH = routes.API + routes.SNAPSHOT_IMPORT
+_FULL, _LACKS = 429, 404  # the answers after which a restore is tried on the next engine
+
+Answer = TypeVar("Answer")
 
 # Answers that describe sandboxes or snapshots (never those carrying guest output): learned.
 _LEARNED_ACTIONS = frozenset(
@@ -80,3 +85,40 @@ def _any(fleet: Fleet) -> Engine:
     if not alive:
         raise no_engine()
     return alive[0]
+
+
+async def place_restore(
+    fleet: Fleet,
+    snapshot_id: str,
+    attempt: Callable[[Engine], Awaitable[Answer]],
+    status: Callable[[Answer], int],
+) -> tuple[Engine, Answer] | None:
+    """Restore the snapshot on the engines of :meth:`Fleet.restore_places` in turn, each
+    asked by ``attempt`` (``status``: the HTTP status of its answer): the next is asked when
+    one is full (429) or lacks the snapshot (404; then only those known to hold it, as the
+    snapshot store gives the others none either). The engine that answered last and its
+    answer (one that restored it now holds the snapshot and runs one more sandbox); ``None``
+    when no engine has room; a 409 naming the engine when the snapshot is not found and
+    only a silent engine holds it."""
+    owner = await fleet.find(
+        routes.snapshot(snapshot_id), lambda: fleet.snapshot_owner(snapshot_id)
+    )
+    holders = {e.name for e in fleet.snapshot_holders(snapshot_id)}
+    last: tuple[Engine, Answer] | None = None
+    code = 0
+    for place in fleet.restore_places(snapshot_id):
+        if code == _LACKS and place.name not in holders:
+            continue  # the store lacks it: another engine without it would say the same
+        last = place, await attempt(place)
+        code = status(last[1])
+        if code not in (_FULL, _LACKS):
+            break
+    if last is None:
+        return None
+    if code == _LACKS and owner is not None:
+        reason = fleet.down_reason(owner)
+        if reason is not None:  # only a silent engine has it
+            raise engine_down(f"snapshot {snapshot_id}", owner, reason)
+    if code < 300:
+        fleet.restored(last[0], snapshot_id)
+    return last
