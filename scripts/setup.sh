@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 # build step; see docs/design-notes.md, "Rootless template builds").
 # gcc and libc6-dev build the library preloaded into QEMU that tracks the pages a VM writes
 # (kernel/sandfork/backends/vm/write_protect.c).
-SYSTEM_PACKAGES=(python3-venv qemu-system-x86 qemu-utils mmdebstrap uidmap fakechroot fakeroot busybox-static e2fsprogs cpio kmod zstd gcc libc6-dev)
+# fuse3 (libfuse3 and fusermount3) mounts the lazy servers that let a container snapshot
+# fetched from the snapshot store restore before its memory is all here (engine/lazy_servers.py).
+SYSTEM_PACKAGES=(python3-venv qemu-system-x86 qemu-utils mmdebstrap uidmap fakechroot fakeroot busybox-static e2fsprogs cpio kmod zstd gcc libc6-dev fuse3)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

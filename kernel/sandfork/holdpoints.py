@@ -14,30 +14,53 @@ dictionary look-up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 HOLD_POINTS = (
     "restore.in_use",  # a sandbox is being restored from a snapshot, which it holds; no VM yet
     "snapshot.capture",  # a snapshot has the sandbox's lock, nothing captured yet
     "snapshot.writing",  # a snapshot is listed ``writing``: its memory layer is not written yet
+    "lazy.fill",  # a lazy server's fill, before each chunk (reads of the mount go on)
 )
 
 _POLL_S = 0.01
 
 
-async def hold_point(name: str) -> None:
-    """Wait here while the hold folder has a file ``name`` (see the module's docstring)."""
+def _gate(name: str) -> Path | None:
     folder = os.environ.get("SANDFORK_HOLD_DIR")
     if folder is None:
-        return
+        return None
     gate = Path(folder) / name
-    if not gate.exists():
-        return
-    held = gate.with_name(f"{name}.held")
+    return gate if gate.exists() else None
+
+
+@contextlib.contextmanager
+def _holding(gate: Path) -> Iterator[None]:
+    held = gate.with_name(f"{gate.name}.held")
     held.touch()
     try:
-        while gate.exists():
-            await asyncio.sleep(_POLL_S)
+        yield
     finally:
         held.unlink(missing_ok=True)
+
+
+async def hold_point(name: str) -> None:
+    """Wait here while the hold folder has a file ``name`` (see the module's docstring)."""
+    gate = _gate(name)
+    if gate is not None:
+        with _holding(gate):
+            while gate.exists():
+                await asyncio.sleep(_POLL_S)
+
+
+def hold_point_sync(name: str) -> None:
+    """:func:`hold_point` for a thread (the lazy server's fill)."""
+    gate = _gate(name)
+    if gate is not None:
+        with _holding(gate):
+            while gate.exists():
+                time.sleep(_POLL_S)

@@ -74,12 +74,16 @@ class DiskImages(Protocol):
 class StartPoint:
     """What a sandbox starts from: a capture's state folder (``None``: it boots), its spec,
     its disk (the layer to put the sandbox's own over) and its memory chain (top first; empty
-    when the memory is in the state folder or the sandbox boots)."""
+    when the memory is in the state folder or the sandbox boots). ``served``: files of the
+    state folder (by their path in it) still arriving from the snapshot store, to be read
+    from these paths instead, where each read waits for what it needs (see
+    :attr:`Backend.fetched_lazily`)."""
 
     dir: Path | None
     spec: MachineSpec
     disk: Path
     memory: list[Path]
+    served: Mapping[str, Path] = field(default_factory=dict)
 
     @classmethod
     def boot(cls, spec: MachineSpec, disk: Path) -> StartPoint:
@@ -173,6 +177,10 @@ class Backend(Protocol):
     memory_suffix: str | None  # how memory layers' names end (None: it makes none)
     captures_in_memory: bool  # whether a fork's short-lived capture may live in RAM
     shares_memory: bool  # whether sandboxes restored from one capture share its pages
+    # Files of a state folder (glob patterns of their path in it) a restore may read while
+    # they are fetched (StartPoint.served): read by page as the sandbox needs them, and
+    # read no more once it runs.
+    fetched_lazily: tuple[str, ...]
 
     @property
     def images(self) -> DiskImages:

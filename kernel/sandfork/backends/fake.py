@@ -194,6 +194,7 @@ class FakeBackend:
     memory_suffix: str | None = None  # the state is in the state folder
     captures_in_memory = True
     shares_memory = False
+    fetched_lazily: tuple[str, ...] = ()
 
     accelerator = "fake"
     isolation = "none"  # nothing separates a fake sandbox from the engine

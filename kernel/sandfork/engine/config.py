@@ -216,6 +216,12 @@ class EngineConfig(LoggingConfigurable):
         "credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), uploaded in the "
         "background after each capture, so any engine sharing the bucket restores them.",
     ).tag(config=True)
+    lazy_fetch = Bool(
+        True,
+        help="Restore a container snapshot fetched from the snapshot store before its memory "
+        "is all here: the pages the sandbox touches first come first, the rest behind them "
+        "(needs /dev/fuse; without it, or with False, the whole snapshot is fetched first).",
+    ).tag(config=True)
     chunk_cache_mb = Int(
         4096,
         min=0,

@@ -4,20 +4,29 @@ When a restore names a snapshot that is not here but whose manifest is in the st
 engine checks the manifest as hostile input (:mod:`sandfork.store.manifest`, then the meta and
 layout: :mod:`sandfork.engine.stored`), fetches its template's build if this host lacks it
 (:mod:`sandfork.engine.template_travel`), checks that it can restore it here (the same backend
-and machine key, the same template image, within its limits), fetches every chunk (whole,
-before the start; hashes checked; chunks it has cached are read locally), writes the files
-under a temporary folder and renames them into place: the layers into its layer folder,
-re-based onto its own template image, the state folder as a snapshot's. Only then is the
-snapshot listed, ``durable``, exactly as one taken here.
+and machine key, the same template image, within its limits), fetches every chunk (hashes
+checked; chunks it has cached are read locally), writes the files under a temporary folder
+and renames them into place: the layers into its layer folder, re-based onto its own
+template image, the state folder as a snapshot's. Only then is the snapshot listed,
+``durable``, exactly as one taken here.
+
+The files its backend reads by page (:attr:`~sandfork.backends.base.Backend.fetched_lazily`:
+a container's memory pages) are fetched lazily where a lazy server can mount
+(:mod:`sandfork.engine.lazy_servers`): left as holes, listed, and served to the restore
+while they fill, each read waiting only for its own chunks. A fill that fails drops the
+snapshot; where no server mounts, the engine fills them itself before the restore.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fnmatch
 import logging
+import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from sandfork.backends.base import Backend
@@ -25,13 +34,16 @@ from sandfork.backends.vm.images import ImageError, Qcow2Images
 from sandfork.engine.backends import Backends
 from sandfork.engine.db import SandboxRecord, SnapshotRecord
 from sandfork.engine.errors import ApiError, Conflict, NotFound
+from sandfork.engine.lazy_servers import LazyServers
 from sandfork.engine.limits import Limits
 from sandfork.engine.snapshot_store import SnapshotStore
 from sandfork.engine.stored import STATE, StoredMeta, base_key, check_layout, parse_meta
 from sandfork.engine.template_travel import TemplateTravel
 from sandfork.protocol import SnapshotStorage
 from sandfork.store.chunks import ChunkStore
-from sandfork.store.manifest import Manifest, ManifestError
+from sandfork.store.lazy_file import LazyFile
+from sandfork.store.lazy_spec import Served
+from sandfork.store.manifest import CHUNK_SIZE, Manifest, ManifestError
 from sandfork.store.objects import StoreError
 from sandfork.templates import BuiltTemplate
 from sandfork.templates.errors import TemplateError
@@ -54,8 +66,13 @@ class Fetches:
         *,
         max_memory_mb: int,
         max_cpus: int,
+        lazy: LazyServers | None = None,
     ) -> None:
         self.store = store
+        self.lazy = lazy
+        for unfinished in lazy.sweep() if lazy is not None else []:
+            if store.has(unfinished):  # an earlier engine died while it filled
+                store.forget(unfinished)
         self.chunks = chunks
         self.templates = templates
         self.backends = backends
@@ -63,6 +80,7 @@ class Fetches:
         self.max_memory_mb = max_memory_mb
         self.max_cpus = max_cpus
         self._fetching: dict[str, asyncio.Task[None]] = {}  # two restores fetch once
+        self._filling: set[asyncio.Task[None]] = set()  # lazy fills, until they end
 
     async def ensure(
         self, snapshot_id: str, template: Template, sandboxes: Callable[[], list[SandboxRecord]]
@@ -121,19 +139,117 @@ class Fetches:
         )
         started = time.monotonic()
         folder = self.store.tmp_dir / f"fetch-{snapshot_id}"
+        later = self._later(manifest, backend)
         try:
-            await asyncio.to_thread(self.chunks.fetch, manifest, folder)
+            await asyncio.to_thread(self.chunks.fetch, manifest, folder, later)
+            if later and self.lazy is not None:
+                self.lazy.mark(snapshot_id)
             self._register(snapshot_id, manifest, meta, backend, built, base, folder, sandboxes)
+            if later:
+                await self._fill(snapshot_id, manifest, later, sandboxes)
         except (ManifestError, ImageError, IsADirectoryError, NotADirectoryError) as e:
             raise ApiError(f"snapshot {snapshot_id} cannot be restored: {e}", 502) from e
         except StoreError as e:
             raise ApiError(f"fetching snapshot {snapshot_id} failed: {e}", 502) from e
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+            if self.lazy is not None and not self.store.has(snapshot_id):
+                self.lazy.unmark(snapshot_id)  # a fetch that failed before listing it
         log.info(
-            "fetched snapshot %s from the store: %.1f MiB in %.1f s",
+            "fetched snapshot %s from the store: %.1f MiB in %.1f s%s",
             snapshot_id, manifest.total_bytes / 2**20, time.monotonic() - started,
+            " (its memory pages filling behind the restore)" if later else "",
         )  # fmt: skip
+
+    def _later(self, manifest: Manifest, backend: Backend) -> frozenset[str]:
+        """The files of ``manifest`` fetched lazily: those the backend reads by page, when
+        a lazy server may serve them and they are more than a chunk."""
+        if self.lazy is None:
+            return frozenset()
+        return frozenset(
+            e.name
+            for e in manifest.entries
+            if e.kind == "file"
+            and e.size > CHUNK_SIZE
+            and any(fnmatch.fnmatch(e.name, f"{STATE}/{p}") for p in backend.fetched_lazily)
+        )
+
+    async def _fill(
+        self,
+        snapshot_id: str,
+        manifest: Manifest,
+        later: frozenset[str],
+        sandboxes: Callable[[], list[SandboxRecord]],
+    ) -> None:
+        """Have the files ``later`` of the listed ``snapshot_id`` filled: by a lazy server
+        if one mounts (the snapshot is dropped if its fill fails), else here and now."""
+        assert self.lazy is not None
+        folder = self.store.path(snapshot_id)
+        files = [
+            Served(
+                e.name.removeprefix(f"{STATE}/"), str(folder / e.name.removeprefix(f"{STATE}/")), e
+            )
+            for e in manifest.entries
+            if e.name in later
+        ]
+        filled = await self.lazy.serve(snapshot_id, files)
+        if filled is None:
+            try:
+                await asyncio.to_thread(self._fill_here, files)
+            except BaseException:
+                self._drop(snapshot_id, sandboxes)
+                raise
+            self.lazy.unmark(snapshot_id)
+            return
+
+        async def settle(filled: asyncio.Future[bool]) -> None:
+            assert self.lazy is not None
+            if await filled:
+                self.lazy.unmark(snapshot_id)
+            else:
+                self._drop(snapshot_id, sandboxes)
+
+        task = asyncio.create_task(settle(filled))
+        self._filling.add(task)
+        task.add_done_callback(self._filling.discard)
+
+    def _fill_here(self, files: list[Served]) -> None:
+        for served in files:
+            fd = os.open(served.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                LazyFile(served.entry, fd, self.chunks.chunk).fill()
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _drop(self, snapshot_id: str, sandboxes: Callable[[], list[SandboxRecord]]) -> None:
+        if self.store.has(snapshot_id):
+            self.store.forget(snapshot_id)
+            self.store.collect(sandboxes())
+        if self.lazy is not None:
+            self.lazy.unmark(snapshot_id)
+
+    @contextlib.contextmanager
+    def hand(self, snapshot_id: str) -> Iterator[dict[str, Path]]:
+        """The paths to read the files of ``snapshot_id`` still filling from, for a restore
+        that starts inside this block (see :meth:`LazyServers.hand`)."""
+        if self.lazy is None:
+            yield {}
+        else:
+            with self.lazy.hand(snapshot_id) as served:
+                yield served
+
+    async def start(self) -> None:
+        """Start what fetches use (a lazy server ahead of need)."""
+        if self.lazy is not None:
+            await self.lazy.start()
+
+    async def stop(self) -> None:
+        """Wait for the fills under way."""
+        if self.lazy is not None:
+            await self.lazy.stop()
+        if self._filling:
+            await asyncio.wait(self._filling)
 
     def _register(
         self,

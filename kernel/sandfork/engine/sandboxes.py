@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -206,9 +207,12 @@ class SandboxService(Lifecycle):
         the snapshot store is fetched first."""
         if self.fetches is not None:
             await self.fetches.ensure(snapshot_id, self.template, self.all)
-        with self.store.in_use(snapshot_id) as snap:
+        served: contextlib.AbstractContextManager[dict[str, Path]] = (
+            self.fetches.hand(snapshot_id) if self.fetches else contextlib.nullcontext({})
+        )
+        with self.store.in_use(snapshot_id) as snap, served as lazily:
             await hold_point("restore.in_use")
-            start = await self.store.start_point(snap)
+            start = dataclasses.replace(await self.store.start_point(snap), served=lazily)
             backend = self.backends.choose(start.spec.backend, host_access=host_access)
             self.check_room(1, start.spec.memory_mb)
             if not backend.shares_memory:

@@ -62,7 +62,7 @@ from sandfork.engine.http_server import EngineHTTPServer
 from sandfork.engine.limits import Limits
 from sandfork.engine.package_sources import package_sources
 from sandfork.engine.services import Bounds, EngineServices
-from sandfork.engine.stored import open_store
+from sandfork.engine.stored import lazy_servers, open_store
 from sandfork.paths import cache_dir, state_dir
 from sandfork.protocol import CONTEXT_ID, SANDBOX_ID, SNAPSHOT_ID
 from sandfork.serving import load_or_create_key, publish
@@ -193,6 +193,7 @@ async def serve(config: EngineConfig) -> None:
         ),
         egress,
         chunks,
+        lazy_servers(config, home),
     )
     await services.start()
     sockets = bind_sockets(config.port, address=config.ip)

@@ -28,6 +28,7 @@ from sandfork.engine.db import Database
 from sandfork.engine.egress_tunnel import EgressTunnels
 from sandfork.engine.execution import ExecutionService
 from sandfork.engine.fetches import Fetches
+from sandfork.engine.lazy_servers import LazyServers
 from sandfork.engine.ledger import Ledger
 from sandfork.engine.limits import Limits
 from sandfork.engine.sandboxes import SandboxService
@@ -76,11 +77,13 @@ class EngineServices:
         bounds: Bounds,
         egress: EgressTunnels | None = None,
         chunks: ChunkStore | None = None,
+        lazy: LazyServers | None = None,
     ) -> EngineServices:
         """The services of an engine whose state is in ``home`` (fork captures in the RAM
         folder's ``scratch``); ``egress`` serves the sandboxes' egress channels; ``chunks``
         is the snapshot store snapshots are uploaded to and fetched from (``None``: they
-        stay on this engine's disk)."""
+        stay on this engine's disk); ``lazy`` serves a fetched snapshot's memory while it
+        fills (``None``: fetches are whole)."""
         store = SnapshotStore(db, home, scratch)
         ledger = Ledger(db)
         capturer = Capturer(
@@ -102,6 +105,7 @@ class EngineServices:
                 templates,
                 max_memory_mb=bounds.max_memory_mb,
                 max_cpus=bounds.max_cpus,
+                lazy=lazy,
             )
         sandboxes = SandboxService(
             db,
@@ -129,6 +133,8 @@ class EngineServices:
     async def start(self) -> None:
         """Adopt the sandboxes an earlier engine left, clean up after it, start watching."""
         await self.sandboxes.start()
+        if self.sandboxes.fetches is not None:
+            await self.sandboxes.fetches.start()
         if self.uploads is not None:
             self.uploads.start()
 
@@ -136,6 +142,8 @@ class EngineServices:
         """Detach from every sandbox; the VMs keep running for the next engine (and uploads
         in flight resume in it)."""
         await self.snapshots.store.writes.drain()  # memory layers still being written
+        if self.sandboxes.fetches is not None:
+            await self.sandboxes.fetches.stop()  # fetched snapshots still filling
         if self.uploads is not None:
             await self.uploads.stop()
         await self.sandboxes.stop()

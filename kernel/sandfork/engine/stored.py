@@ -10,6 +10,7 @@ lies over, the resources). Whatever reads it back trusts none of it (:func:`pars
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from sandfork import manifest_checks as checks
 from sandfork.backends.base import Backend
 from sandfork.engine.config import EngineConfig
 from sandfork.engine.db import SnapshotRecord
+from sandfork.engine.lazy_servers import LazyServers, unavailable
 from sandfork.engine.manifest import SNAPSHOT_FIELDS, record_fields
 from sandfork.engine.snapshot_store import SnapshotStore
 from sandfork.store.cache import ChunkCache
@@ -26,7 +28,10 @@ from sandfork.store.chunks import ChunkStore
 from sandfork.store.config import S3Store
 from sandfork.store.manifest import Manifest, ManifestError
 
+log = logging.getLogger(__name__)
+
 STATE = "snapshot"
+CHUNK_CACHE = "chunk-cache"  # the chunk cache's folder in the engine's state folder
 MAX_LAYERS = 256
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}(/[A-Za-z0-9][A-Za-z0-9._-]{0,199})?")
 _RECORD = sorted(SNAPSHOT_FIELDS - {"id", "vm"})
@@ -138,6 +143,20 @@ def check_layout(manifest: Manifest, meta: StoredMeta) -> None:
         raise _fail(f"it lacks {missing[0]}")
 
 
+def lazy_servers(config: EngineConfig, home: Path) -> LazyServers | None:
+    """The lazy servers of an engine whose snapshot store is S3 (``None``: every fetch is
+    whole, and why is logged where that is not the setting's choice)."""
+    if config.snapshot_store == "local" or not config.lazy_fetch:
+        return None
+    why = unavailable()
+    if why is not None:
+        log.warning("snapshots from the store are fetched whole before a restore: %s", why)
+        return None
+    settings = S3Store(parent=config)
+    store = {name: getattr(settings, name) for name in settings.trait_names(config=True)}
+    return LazyServers(home / "lazy", store, home / CHUNK_CACHE)
+
+
 def open_store(config: EngineConfig, home: Path) -> ChunkStore | None:
     """The snapshot store ``config`` names, checked now (``None``: snapshots stay local).
 
@@ -151,7 +170,7 @@ def open_store(config: EngineConfig, home: Path) -> ChunkStore | None:
     settings = S3Store(parent=config)
     chunks = ChunkStore(
         S3Objects(settings),
-        ChunkCache(home / "chunk-cache", config.chunk_cache_mb * 2**20),
+        ChunkCache(home / CHUNK_CACHE, config.chunk_cache_mb * 2**20),
         settings.signing_key,
     )
     chunks.check()

@@ -14,8 +14,36 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Protocol
 
 from sandfork.store.manifest import CHUNK_SIZE
+
+
+class Cache(Protocol):
+    """Where a fetch looks for a chunk before the bucket, and keeps what it fetched."""
+
+    def get(self, digest: str) -> bytes | None:
+        """The chunk ``digest`` if this cache has it (unchecked)."""
+
+    def put(self, digest: str, data: bytes) -> None:
+        """Keep a chunk the caller checked."""
+
+
+class CacheView:
+    """Another process's :class:`ChunkCache`, read and never written (it alone bounds it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, digest: str) -> bytes | None:
+        """The chunk ``digest`` if the cache has it now."""
+        try:
+            return (self.root / digest).read_bytes()
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def put(self, digest: str, data: bytes) -> None:
+        """Nothing: the owner of the cache decides what it keeps."""
 
 
 class ChunkCache:

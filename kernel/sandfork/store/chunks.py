@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sandfork.store import tree
-from sandfork.store.cache import ChunkCache
+from sandfork.store.cache import Cache
 from sandfork.store.manifest import Entry, Manifest, ManifestError, parse
 from sandfork.store.objects import ObjectMissing, ObjectStore, StoreError
 from sandfork.store.pages import Packer, PageIndex
@@ -81,7 +81,7 @@ class Uploaded(Sent):
 class ChunkStore:
     """Snapshots as chunks and manifests in ``objects``, fetched through ``cache``."""
 
-    def __init__(self, objects: ObjectStore, cache: ChunkCache, signing_key: str) -> None:
+    def __init__(self, objects: ObjectStore, cache: Cache, signing_key: str) -> None:
         if len(signing_key) < MIN_SIGNING_KEY:
             raise StoreError(
                 f"S3Store.signing_key must have at least {MIN_SIGNING_KEY} characters, the same "
@@ -196,16 +196,17 @@ class ChunkStore:
         self.cache.put(digest, data)
         return data
 
-    def fetch(self, manifest: Manifest, dest: Path) -> None:
+    def fetch(self, manifest: Manifest, dest: Path, later: frozenset[str] = frozenset()) -> None:
         """Write the snapshot's files into the new directory ``dest``, whole or not at all
-        (under a temporary name beside it, renamed once complete)."""
+        (under a temporary name beside it, renamed once complete); the files named in
+        ``later`` are left as holes (:func:`~sandfork.store.tree.materialise`)."""
         staging = dest.with_name(f".fetch-{dest.name}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o700)
         # Spans in a row mostly come from one chunk: its checked bytes are kept at hand.
         recent = functools.lru_cache(maxsize=RECENT_CHUNKS)(self.chunk)
         try:
-            tree.materialise(manifest.entries, staging, recent)
+            tree.materialise(manifest.entries, staging, recent, later)
             staging.rename(dest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

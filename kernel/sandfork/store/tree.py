@@ -74,11 +74,11 @@ def scan(name: str, path: Path) -> Iterator[tuple[Entry, Path]]:
             stack += [(f"{rel}/{c}", where / c) for c in sorted(os.listdir(where), reverse=True)]
 
 
-def _write_file(path: Path, entry: Entry, fetch: Fetch) -> None:
+def _write_file(path: Path, entry: Entry, fetch: Fetch | None) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         for i, (digest, offset, length) in enumerate(entry.spans):
-            if digest == ZERO:
+            if digest == ZERO or fetch is None:
                 f.seek(length, os.SEEK_CUR)
                 continue
             data = fetch(digest)
@@ -94,7 +94,7 @@ def _write_file(path: Path, entry: Entry, fetch: Fetch) -> None:
         f.truncate(entry.size)
 
 
-def _make(path: Path, entry: Entry, fetch: Fetch) -> None:
+def _make(path: Path, entry: Entry, fetch: Fetch | None) -> None:
     if entry.kind == "dir":
         path.mkdir(mode=0o700)
     elif entry.kind == "file":
@@ -120,14 +120,17 @@ def _finish(path: Path, entry: Entry, as_root: bool) -> None:
         os.chmod(path, entry.mode, follow_symlinks=False)
 
 
-def materialise(entries: tuple[Entry, ...], dest: Path, fetch: Fetch) -> None:
+def materialise(
+    entries: tuple[Entry, ...], dest: Path, fetch: Fetch, later: frozenset[str] = frozenset()
+) -> None:
     """Write ``entries`` (checked by :func:`~sandfork.store.manifest.parse`) under the
-    empty directory ``dest``; a span beyond its chunk raises :class:`ManifestError`."""
+    empty directory ``dest``; a span beyond its chunk raises :class:`ManifestError`. The
+    files named in ``later`` are left as holes of their size, for a lazy server to fill."""
     as_root = os.geteuid() == 0
     dirs: list[tuple[Path, Entry]] = []
     for entry in entries:
         path = dest.joinpath(*entry.name.split("/"))
-        _make(path, entry, fetch)
+        _make(path, entry, None if entry.name in later else fetch)
         if entry.kind == "dir":
             dirs.append((path, entry))  # its mode last: a read-only one still gets children
         else:

@@ -139,6 +139,8 @@ class ContainerBackend:
     # the image files from the same RAM folder (see _links) until their pages are served.
     captures_in_memory = True
     shares_memory = False  # CRIU copies every page into each restored sandbox
+    # criu lazy-pages reads the pages as the sandbox touches them, then the rest, then stops.
+    fetched_lazily: tuple[str, ...] = (f"{IMAGES}/pages-*.img",)
 
     def __init__(self, ram_dir: Path, state_dir: Path, boot_timeout: float = 60.0) -> None:
         self.ram_dir = ram_dir
@@ -297,6 +299,9 @@ class ContainerBackend:
             pipes={str(k): int(v) for k, v in pipes.items()},
             criu=criu.command(),
             criu_path=criu.env()["PATH"],
+            served={
+                name.removeprefix(f"{IMAGES}/"): str(path) for name, path in start.served.items()
+            },
         )
         sandbox = await self._start(
             start.spec, directory, disk, spawned, host_access=host_access, restore=restore

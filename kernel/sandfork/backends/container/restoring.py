@@ -40,7 +40,7 @@ def restore(config: ShimConfig, pipes: Pipes, directory: Path) -> tuple[int, Laz
     server still feeding it."""
     assert config.restore is not None
     restore = RestoreConfig(**config.restore)
-    images = _private_images(Path(restore.images), Path(restore.links))
+    images = _private_images(Path(restore.images), Path(restore.links), restore.served)
     env = {**os.environ, "PATH": restore.criu_path}
     inherit = []
     fds = {}
@@ -110,11 +110,17 @@ def _run_restore(
     return int((log.parent / "init.pid").read_text())
 
 
-def _private_images(source: Path, target: Path) -> Path:
+def _private_images(source: Path, target: Path, served: dict[str, str]) -> Path:
     """The image files hard-linked (copied across file systems) into a folder of the
-    sandbox's own, so the snapshot may be deleted while pages are still read from them."""
+    sandbox's own, so the snapshot may be deleted while pages are still read from them;
+    those still arriving from the snapshot store (``served``) linked to where they are
+    served (their server keeps them open as long as they are read). Those links are
+    relative: CRIU opens some images after it changed its root to the sandbox's."""
     target.mkdir()
     for entry in source.iterdir():
+        if entry.name in served:
+            os.symlink(os.path.relpath(served[entry.name], target), target / entry.name)
+            continue
         try:
             os.link(entry, target / entry.name)
         except OSError as e:

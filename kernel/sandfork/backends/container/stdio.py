@@ -35,6 +35,8 @@ class RestoreConfig:
     criu: list[str]
     criu_path: str  # PATH for CRIU (its wrapper programs first)
     lazy: bool = True
+    # image files still arriving from the snapshot store: their name -> where to read them
+    served: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

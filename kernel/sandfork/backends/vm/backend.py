@@ -40,6 +40,9 @@ class VmBackend:
     memory_suffix: str | None = ".mem"
     captures_in_memory = True  # a fork's device state is small; its memory is a layer
     shares_memory = True  # copies map one image copy-on-write
+    # QEMU maps a memory layer for the VM's whole life: read through a lazy server, the VM
+    # would depend on that server until it ends, so a VM's snapshot is fetched whole.
+    fetched_lazily: tuple[str, ...] = ()
 
     def __init__(
         self,
