@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,8 +35,6 @@ def unavailable() -> str | None:
     """Why a lazy server cannot mount here (``None``: it can)."""
     if not os.path.exists("/dev/fuse"):
         return "/dev/fuse is missing"
-    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
-        return "fusermount3 is missing (Debian's fuse3 package)"
     try:
         import mfusepy  # noqa: F401  (loads libfuse)
     except (ImportError, OSError) as e:

@@ -11,6 +11,7 @@ lies over, the resources). Whatever reads it back trusts none of it (:func:`pars
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,8 @@ def lazy_servers(config: EngineConfig, home: Path) -> LazyServers | None:
     whole, and why is logged where that is not the setting's choice)."""
     if config.snapshot_store == "local" or not config.lazy_fetch:
         return None
+    if not config.allow_container or os.geteuid() != 0:
+        return None  # only container snapshots are fetched lazily, and containers need root
     why = unavailable()
     if why is not None:
         log.warning("snapshots from the store are fetched whole before a restore: %s", why)
