@@ -49,7 +49,7 @@ class _State:
     opens: int = 0
     engine_gone: bool = False  # standard input closed
     fill_ended: bool = False
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def done(self) -> bool:
         return self.engine_gone and self.opens == 0 and self.fill_ended
@@ -63,15 +63,14 @@ def _say(word: str) -> None:
 
 
 class LazyMount(mfusepy.Operations):
-    """The file system: the files of :class:`Spec`, read-only, read as they are fetched."""
+    """The file system: ``files`` (by their names on the mount), read-only, read as they are
+    fetched."""
 
     use_ns = True
 
-    def __init__(self, spec: Spec, files: dict[str, LazyFile]) -> None:
-        self.spec = spec
+    def __init__(self, files: dict[str, LazyFile]) -> None:
         self.files = files
         self.state = _State()
-        self.failed: str | None = None
         self.ended = False  # the server ended the loop itself (not an error)
 
     def init(self, path: str) -> None:
@@ -96,15 +95,14 @@ class LazyMount(mfusepy.Operations):
         except InterruptedError:
             pass
         except Exception as e:  # a store that fails: reads of what is missing fail too
-            self.failed = f"{type(e).__name__}: {e}".replace("\n", " ")
-            _say(f"failed {self.failed}")
-        with self.state.cond:
+            _say(f"failed {type(e).__name__}: {e}".replace("\n", " "))
+        with self.state.lock:
             self.state.fill_ended = True
             self._maybe_end()
 
     def _watch_engine(self) -> None:
         sys.stdin.read()  # returns when the engine closes it, or dies
-        with self.state.cond:
+        with self.state.lock:
             self.state.engine_gone = True
             if self.state.opens == 0:
                 self.state.fill_ended = True  # nobody will read: the fill may stop too
@@ -131,7 +129,7 @@ class LazyMount(mfusepy.Operations):
             raise OSError(errno.ENOENT, path)
         if flags & (os.O_WRONLY | os.O_RDWR):
             raise OSError(errno.EROFS, path)
-        with self.state.cond:
+        with self.state.lock:
             self.state.opens += 1
         return 0
 
@@ -146,7 +144,7 @@ class LazyMount(mfusepy.Operations):
         return os.pread(lazy.fd, size, offset)
 
     def release(self, path: str, fh: int) -> int:
-        with self.state.cond:
+        with self.state.lock:
             self.state.opens -= 1
             self._maybe_end()
         return 0
@@ -171,7 +169,7 @@ def main() -> None:
     for served in spec.files:
         fd = os.open(served.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         files[mount_name(served.name)] = LazyFile(served.entry, fd, chunks.chunk)
-    mount = LazyMount(spec, files)
+    mount = LazyMount(files)
     try:
         mfusepy.FUSE(mount, spec.mount, foreground=True, ro=True, fsname="sandfork-lazy")
     except RuntimeError:
