@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -162,4 +163,60 @@ def test_an_engine_told_not_to_fetch_lazily_fetches_the_whole_snapshot_first(
     snapshot_id, sums = snapshot_holding_data(a)
     restores_with(b, snapshot_id, sums)
     assert not (b.home / "lazy").exists()  # no server, no marker: it was all here first
+    assert pages_file(b, snapshot_id).read_bytes() == pages_file(a, snapshot_id).read_bytes()
+
+
+@pytest.mark.container
+def test_a_lazy_restore_rides_out_a_store_outage_before_its_pages_came(
+    engines: tuple[EngineProcess, EngineProcess], s3_server: SeaweedS3
+) -> None:
+    a, b = engines
+    snapshot_id, sums = snapshot_holding_data(a)
+    log = b.home / "engine.log"
+    with b.holding("lazy.fill"), ThreadPoolExecutor(1) as pool:
+        with b.holding("restore.in_use") as at_restore:
+            restored = pool.submit(Sandbox.create, from_snapshot=snapshot_id, client=b.client())
+            at_restore()  # mounted; not a page of its memory fetched yet
+            s3_server.kill()
+            seen = len(log.read_bytes())
+        try:  # the restore reads its pages from a store that is gone
+
+            def outage_met() -> bool:
+                return b"the store failed" in log.read_bytes()[seen:]
+
+            wait_until(lambda: outage_met() or restored.done(), "the restore hung")
+            assert outage_met(), "no read of the restore met the outage"
+        finally:
+            s3_server.start()
+        copy = restored.result()
+    try:
+        assert copy.create_code_context().run_code(SUM).text == sums
+    finally:
+        copy.kill()
+    wait_until(lambda: not (b.home / "lazy" / f"{snapshot_id}.filling").exists(), "no fill")
+    assert pages_file(b, snapshot_id).read_bytes() == pages_file(a, snapshot_id).read_bytes()
+
+
+@pytest.mark.container
+def test_restores_at_once_of_a_snapshot_still_filling_share_one_fetch(
+    engines: tuple[EngineProcess, EngineProcess],
+) -> None:
+    a, b = engines
+    snapshot_id, sums = snapshot_holding_data(a)
+    with b.holding("lazy.fill") as parked, ThreadPoolExecutor(3) as pool:
+        restores = [
+            pool.submit(Sandbox.create, from_snapshot=snapshot_id, client=b.client())
+            for _ in range(3)
+        ]
+        try:
+            copies = [restore.result() for restore in restores]
+            parked()
+            assert len(lazy_mounts(b)) == 1  # one fetch, one server, for all three
+            answers = pool.map(lambda c: c.create_code_context().run_code(SUM).text, copies)
+            assert list(answers) == [sums] * 3
+        finally:
+            for restore in restores:
+                if restore.exception() is None:
+                    restore.result().kill()
+    wait_until(lambda: not lazy_mounts(b), "the lazy server stayed mounted")
     assert pages_file(b, snapshot_id).read_bytes() == pages_file(a, snapshot_id).read_bytes()

@@ -3,7 +3,7 @@ that reading the engine's configuration does not load boto3."""
 
 from __future__ import annotations
 
-from traitlets import Unicode
+from traitlets import Float, Unicode
 from traitlets.config import Configurable
 
 
@@ -27,4 +27,11 @@ class S3Store(Configurable):
     prefix = Unicode(
         "sandfork/",
         help="Where in the bucket this fleet's objects go (several fleets may share a bucket).",
+    ).tag(config=True)
+    outage_wait = Float(
+        120.0,
+        min=0.0,
+        help="Seconds a read of a snapshot restored before it was all fetched waits, trying "
+        "again, for an S3 server that cannot be reached or fails: meanwhile the sandbox stalls "
+        "on the pages still to come; after that its memory cannot come and it is killed.",
     ).tag(config=True)

@@ -3,8 +3,8 @@ file the first time a read needs it, and a fill writes the rest, in order, behin
 
 A chunk is placed whole (every span of the file that comes from it), once, under a lock of
 its own: two readers of one chunk fetch it once, and a reader never waits for a chunk it does
-not need. The fill takes no lock: it runs when nothing else wants the CPU, and a reader must
-never wait for it (it fetches the chunk itself instead; a chunk written twice is the same
+not need. The fill takes no lock: it runs at low priority when nothing reads, and a reader
+must never wait for it (it fetches the chunk itself instead; a chunk written twice is the same
 bytes twice). A chunk counts as placed only once written. Zero spans are the local file's
 holes from the start.
 """
