@@ -46,7 +46,8 @@ def engines(
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[tuple[EngineProcess, EngineProcess]]:
-    """Engines A and B on one bucket (B's options: the test's ``b_options`` mark)."""
+    """Engines A and B on one bucket (B's options and environment: the test's
+    ``b_options`` mark, its arguments and its ``env``)."""
     mark = request.node.get_closest_marker("b_options")
     prefix = new_prefix()
     made = []
@@ -56,6 +57,8 @@ def engines(
         more = mark.args if mark is not None and name == "b" else ()
         engine = EngineProcess(home, *s3_args(s3_server, prefix), *more)
         engine.env = s3_server.env
+        if mark is not None and name == "b":
+            engine.env = {**engine.env, **mark.kwargs.get("env", {})}
         made.append(engine)
     a, b = made
     a.start()
@@ -219,4 +222,17 @@ def test_restores_at_once_of_a_snapshot_still_filling_share_one_fetch(
                 if restore.exception() is None:
                     restore.result().kill()
     wait_until(lambda: not lazy_mounts(b), "the lazy server stayed mounted")
+    assert pages_file(b, snapshot_id).read_bytes() == pages_file(a, snapshot_id).read_bytes()
+
+
+@pytest.mark.container
+@pytest.mark.b_options(env={"SANDFORK_CRASH_AT": "lazy.mount"})
+def test_a_lazy_server_that_dies_before_it_mounts_leaves_the_fetch_whole(
+    engines: tuple[EngineProcess, EngineProcess],
+) -> None:
+    a, b = engines
+    snapshot_id, sums = snapshot_holding_data(a)
+    restores_with(b, snapshot_id, sums)
+    assert b"did not mount" in (b.home / "engine.log").read_bytes()
+    assert not lazy_mounts(b) and not list((b.home / "lazy").glob("*.filling"))
     assert pages_file(b, snapshot_id).read_bytes() == pages_file(a, snapshot_id).read_bytes()

@@ -26,6 +26,7 @@ CRASH_POINTS = (
     "promote.killed",  # a promoted child's parent is killed, the child still names it
     "pause.frozen",  # a pausing sandbox is frozen, its record still says running
     "kill.destroyed",  # the VM is gone, the sandbox is still listed
+    "lazy.mount",  # a lazy server read what to serve and is about to mount it
 )
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import mfusepy
 
+from sandfork.crashpoints import crash_point
 from sandfork.holdpoints import hold_point_sync
 from sandfork.store.cache import CacheView
 from sandfork.store.chunks import ChunkStore
@@ -215,6 +216,7 @@ def main() -> None:
         fd = os.open(served.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         files[mount_name(served.name)] = LazyFile(served.entry, fd, fetch)
     mount = LazyMount(files)
+    crash_point("lazy.mount")
     try:
         # direct_io: a read reaches the server at the size it was asked (up to 1 MiB), not
         # in 128 KiB pieces of readahead, and the mount keeps no second page cache of the
