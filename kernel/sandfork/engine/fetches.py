@@ -185,13 +185,8 @@ class Fetches:
         if one mounts (the snapshot is dropped if its fill fails), else here and now."""
         assert self.lazy is not None
         folder = self.store.path(snapshot_id)
-        files = [
-            Served(
-                e.name.removeprefix(f"{STATE}/"), str(folder / e.name.removeprefix(f"{STATE}/")), e
-            )
-            for e in manifest.entries
-            if e.name in later
-        ]
+        names = [(e, e.name.removeprefix(f"{STATE}/")) for e in manifest.entries if e.name in later]
+        files = [Served(name, str(folder / name), e) for e, name in names]
         filled = await self.lazy.serve(snapshot_id, files)
         if filled is None:
             try:
@@ -215,12 +210,11 @@ class Fetches:
 
     def _fill_here(self, files: list[Served]) -> None:
         for served in files:
-            fd = os.open(served.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            lazy = LazyFile.opened(served.path, served.entry, self.chunks.chunk)
             try:
-                LazyFile(served.entry, fd, self.chunks.chunk).fill()
-                os.fsync(fd)
+                lazy.fill()
             finally:
-                os.close(fd)
+                os.close(lazy.fd)
 
     def _drop(self, snapshot_id: str, sandboxes: Callable[[], list[SandboxRecord]]) -> None:
         if self.store.has(snapshot_id):

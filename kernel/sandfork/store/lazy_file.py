@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from sandfork.store.manifest import ZERO, Entry, ManifestError
+from sandfork.store.manifest import ZERO, Entry, span_bytes
 
 Fetch = Callable[[str], bytes]  # a chunk by its hash, checked
 
@@ -42,6 +42,12 @@ class LazyFile:
         self._locks = {digest: threading.Lock() for digest in self._places}
         self._placed: set[str] = set()
 
+    @classmethod
+    def opened(cls, path: str, entry: Entry, fetch: Fetch) -> LazyFile:
+        """The file ``entry`` being written at ``path`` (made ``entry.size`` long, sparse,
+        before: :func:`~sandfork.store.tree.materialise` leaves it so)."""
+        return cls(entry, os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), fetch)
+
     @property
     def complete(self) -> bool:
         """Whether every chunk is in the local file."""
@@ -58,11 +64,12 @@ class LazyFile:
 
     def fill(self, before: Callable[[], None] = lambda: None) -> None:
         """Place every chunk not placed yet, in the file's order (``before`` runs before
-        each: a check to stop, or a test's hold)."""
+        each: a check to stop, or a test's hold), then flush the file to the disk."""
         for digest in self._places:
             before()
             if digest not in self._placed:
                 self._write(digest, self._fetch(digest))
+        os.fsync(self.fd)
 
     def _place(self, digest: str) -> None:
         if digest in self._placed:
@@ -75,11 +82,7 @@ class LazyFile:
         """Write the spans of the chunk ``digest`` unless they are in."""
         if digest not in self._placed:
             for offset, start, length in self._places[digest]:
-                if start + length > len(data):
-                    raise ManifestError(
-                        f"a span of {self.entry.name!r} ends at byte {start + length} of a "
-                        f"chunk of {len(data)} bytes"
-                    )
-                if data.count(0, start, start + length) != length:
-                    os.pwrite(self.fd, memoryview(data)[start : start + length], offset)
+                span = span_bytes(f"a span of {self.entry.name!r}", data, start, length)
+                if span is not None:
+                    os.pwrite(self.fd, span, offset)
             self._placed.add(digest)

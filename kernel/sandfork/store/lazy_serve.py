@@ -106,7 +106,6 @@ class LazyMount(mfusepy.Operations):
         try:
             for lazy in self.files.values():
                 lazy.fill(before)
-                os.fsync(lazy.fd)
             _say("filled")
         except InterruptedError:
             pass
@@ -213,8 +212,7 @@ def main() -> None:
     spec = Spec.from_json(line)
     files = {}
     for served in spec.files:
-        fd = os.open(served.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        files[mount_name(served.name)] = LazyFile(served.entry, fd, fetch)
+        files[mount_name(served.name)] = LazyFile.opened(served.path, served.entry, fetch)
     mount = LazyMount(files)
     crash_point("lazy.mount")
     try:

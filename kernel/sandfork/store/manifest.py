@@ -51,6 +51,19 @@ Span = tuple[str, int, int]
 """Bytes of a file: a chunk (or :data:`ZERO`), an offset in it and a length."""
 
 
+def span_bytes(what: str, data: bytes, offset: int, length: int) -> memoryview | None:
+    """The bytes of the span ``what`` (a file's, for the message) at ``offset`` in the
+    chunk ``data``: ``None`` when they are all zeros (a hole to keep); a span beyond its
+    chunk raises :class:`ManifestError`."""
+    if offset + length > len(data):
+        raise ManifestError(
+            f"{what} ends at byte {offset + length} of a chunk of {len(data)} bytes"
+        )
+    if data.count(0, offset, offset + length) == length:
+        return None
+    return memoryview(data)[offset : offset + length]
+
+
 @dataclass(frozen=True)
 class Entry:
     """One file, directory or link of a stored snapshot, named relative to its root."""

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sandfork.store.manifest import XATTR_ALLOWED, ZERO, Entry, ManifestError
+from sandfork.store.manifest import XATTR_ALLOWED, ZERO, Entry, span_bytes
 
 Fetch = Callable[[str], bytes]  # a chunk by its hash, checked
 
@@ -81,16 +81,11 @@ def _write_file(path: Path, entry: Entry, fetch: Fetch | None) -> None:
             if digest == ZERO or fetch is None:
                 f.seek(length, os.SEEK_CUR)
                 continue
-            data = fetch(digest)
-            if offset + length > len(data):
-                raise ManifestError(
-                    f"span {i} of {entry.name!r} ends at byte {offset + length} of a chunk of "
-                    f"{len(data)} bytes"
-                )
-            if data.count(0, offset, offset + length) == length:
+            data = span_bytes(f"span {i} of {entry.name!r}", fetch(digest), offset, length)
+            if data is None:
                 f.seek(length, os.SEEK_CUR)  # keep holes (format 1 stored zero chunks)
             else:
-                f.write(memoryview(data)[offset : offset + length])
+                f.write(data)
         f.truncate(entry.size)
 
 
@@ -124,7 +119,8 @@ def materialise(
     entries: tuple[Entry, ...], dest: Path, fetch: Fetch, later: frozenset[str] = frozenset()
 ) -> None:
     """Write ``entries`` (checked by :func:`~sandfork.store.manifest.parse`) under the
-    empty directory ``dest``; a span beyond its chunk raises :class:`ManifestError`. The
+    empty directory ``dest``; a span beyond its chunk raises
+    :class:`~sandfork.store.manifest.ManifestError`. The
     files named in ``later`` are left as holes of their size, for a lazy server to fill."""
     as_root = os.geteuid() == 0
     dirs: list[tuple[Path, Entry]] = []
