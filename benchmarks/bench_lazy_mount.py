@@ -2,9 +2,9 @@
 the mount's ``direct_io`` (what the lazy server mounts with) and without it, against a read
 of the local file itself (the peer: what a restore of a snapshot this host has reads).
 
-CRIU's lazy-pages server reads a snapshot's pages one at a time for a page fault (4 KiB) and
-up to 4 MiB at a time for its background copy, and a fault waits for the read under way; so
-the cost of a 4 MiB read is part of every fault's wait. Mounts a file of ``--mib`` MiB whose
+The lazy-pages server of a restore reads a snapshot's pages 64 KiB at a time for a page
+fault and 1 MiB at a time for its background copy (CRIU's own, used before, 4 KiB and up to
+4 MiB, a fault waiting for the read under way). Mounts a file of ``--mib`` MiB whose
 chunks are all placed (the read path alone: no fetch, no fill) in this process with FUSE,
 reads it in 4 MiB and 64 KiB pieces in order and 4 KiB pages at random, ``--runs`` times,
 the mount's page cache dropped before each pass (the local file stays cached), and prints

@@ -210,7 +210,7 @@ def main() -> None:
             for mib, rows in by_size.items()
         ),
         "",
-        "Lazily: the restore starts once all but the memory pages are here; CRIU's lazy-pages "
+        "Lazily: the restore starts once all but the memory pages are here; the lazy-pages "
         "server reads the pages through the engine's lazy server (a FUSE mount), each read "
         "waiting for its own chunks; the lazy server fills the rest once nothing reads. "
         "Whole: every chunk before the restore starts.",

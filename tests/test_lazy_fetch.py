@@ -1,6 +1,6 @@
 """Restoring a container snapshot before its memory is all fetched (issue 24's lazy fetch):
 real engine processes sharing a bucket of a real S3 server (SeaweedFS), a real FUSE mount,
-CRIU's lazy-pages server reading the pages through it. The hold point ``lazy.fill`` parks
+the lazy-pages server reading the pages through it. The hold point ``lazy.fill`` parks
 the lazy server's own fill, so everything the restored sandbox reads comes from its reads.
 """
 

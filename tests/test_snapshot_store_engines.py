@@ -116,8 +116,11 @@ def test_a_store_the_engine_cannot_use_stops_its_start(
     engine = s3_engine(tmp_path / "engine", s3_server, new_prefix(), bucket)
     if setting == "secret":
         engine.env = {**s3_server.env, "AWS_SECRET_ACCESS_KEY": "wrong"}
-    with pytest.raises(RuntimeError, match="engine exited") as e:
-        engine.start()
+    try:
+        with pytest.raises(RuntimeError, match="engine exited") as e:
+            engine.start()
+    finally:
+        engine.close()  # its RAM folder, made before it failed
     line = next(x for x in str(e.value).splitlines() if x.startswith("sandfork: error:"))
     assert line.startswith("sandfork: error: the snapshot store cannot be used: ")
     assert message in line

@@ -25,6 +25,7 @@ HOLD_POINTS = (
     "snapshot.capture",  # a snapshot has the sandbox's lock, nothing captured yet
     "snapshot.writing",  # a snapshot is listed ``writing``: its memory layer is not written yet
     "lazy.fill",  # a lazy server's fill, before each chunk (reads of the mount go on)
+    "lazy.background",  # a restored container's lazy pages, before the background copy
 )
 
 _POLL_S = 0.01
@@ -58,7 +59,7 @@ async def hold_point(name: str) -> None:
 
 
 def hold_point_sync(name: str) -> None:
-    """:func:`hold_point` for a thread (the lazy server's fill)."""
+    """:func:`hold_point` for a thread (the lazy server's fill, the lazy pages' copy)."""
     gate = _gate(name)
     if gate is not None:
         with _holding(gate):

@@ -5,8 +5,8 @@ A read of the mount waits only for the chunks it covers (:class:`~.lazy_file.Laz
 once nothing has read it for half a second, the server fills the rest of the local files in
 order, so the snapshot is whole on disk soon after. A store that fails is tried again for
 ``S3Store.outage_wait`` seconds, the reads waiting meanwhile. The engine starts one server
-per fetch, in a session of its own: a sandbox restored from the mount (CRIU's lazy-pages
-server reads its pages from it) keeps its memory coming if the engine dies. So the server
+per fetch, in a session of its own: a sandbox restored from the mount (its lazy-pages
+server reads the pages from it) keeps its memory coming if the engine dies. So the server
 fetches by itself, from the bucket and the engine's chunk cache (read, never written: the
 cache is the engine's to bound).
 

@@ -139,7 +139,7 @@ class ContainerBackend:
     # the image files from the same RAM folder (see _links) until their pages are served.
     captures_in_memory = True
     shares_memory = False  # CRIU copies every page into each restored sandbox
-    # criu lazy-pages reads the pages as the sandbox touches them, then the rest, then stops.
+    # The lazy-pages server reads the pages as the sandbox touches them, then the rest.
     fetched_lazily: tuple[str, ...] = (f"{IMAGES}/pages-*.img",)
 
     def __init__(self, ram_dir: Path, state_dir: Path, boot_timeout: float = 60.0) -> None:

@@ -2,7 +2,8 @@
 
 ``criu restore --root`` runs in a throwaway mount namespace where the sandbox's overlay is
 mounted, the image's pipes replaced by the shim's new ones with ``--inherit-fd``; memory pages
-are served lazily by ``criu lazy-pages`` as they are touched (and in the background).
+are served lazily by our lazy-pages server (:mod:`.lazy_pages`) as they are touched (and in
+the background).
 """
 
 from __future__ import annotations
@@ -11,27 +12,27 @@ import ctypes
 import errno
 import os
 import shutil
-import subprocess
+import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandfork.backends.container import lazy_pages
 from sandfork.backends.container.launcher import mount, overlay_options
 from sandfork.backends.container.stdio import Pipes, RestoreConfig, ShimConfig, child_setup
 
 _CLONE_NEWNS = 0x00020000
 _MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
-_LAZY_SOCKET = "lazy-pages.socket"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
 class Lazy:
-    """A ``criu lazy-pages`` serving a restored sandbox's memory, and its image folder."""
+    """The lazy-pages server (:mod:`.lazy_pages`) feeding a restored sandbox's memory, and
+    its image folder."""
 
-    process: subprocess.Popen[bytes]
+    pid: int
     images: Path
 
 
@@ -53,23 +54,16 @@ def restore(config: ShimConfig, pipes: Pipes, directory: Path) -> tuple[int, Laz
     command = [*restore.criu, "restore", "-D", str(images), "-W", str(work), "-o", "restore.log"]
     command += ["--root", restore.root, "--restore-detached", "--pidfile", str(work / "init.pid")]
     command += ["--tcp-established", "--manage-cgroups=ignore", *inherit]
-    lazy: subprocess.Popen[bytes] | None = None
+    lazy: int | None = None
     try:
         if restore.lazy:
-            lazy = subprocess.Popen(
-                [*restore.criu, "lazy-pages", "-D", str(images), "-W", str(work), "-o", "lazy.log"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            _wait_for(work / _LAZY_SOCKET, lazy)
+            lazy = lazy_pages.start(images, work)
             command.append("--lazy-pages")
         pid = _run_restore(config, pipes, fds, restore, command, env, work / "restore.log")
     except BaseException:
         if lazy is not None:  # nothing will ask it for pages now
-            lazy.kill()
-            lazy.wait()
+            os.kill(lazy, signal.SIGKILL)
+            os.waitpid(lazy, 0)
         raise
     if lazy is None:
         shutil.rmtree(images, ignore_errors=True)
@@ -128,13 +122,3 @@ def _private_images(source: Path, target: Path, served: dict[str, str]) -> Path:
                 raise
             shutil.copy2(entry, target / entry.name)
     return target
-
-
-def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            raise RuntimeError(f"criu lazy-pages exited with status {process.returncode}")
-        if time.monotonic() > deadline:
-            raise RuntimeError("criu lazy-pages did not start")
-        time.sleep(0.002)

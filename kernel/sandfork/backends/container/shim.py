@@ -9,7 +9,7 @@ console on 2, the egress channel on 3 and 4), then either *launches* a new sandb
 becomes PID 1 of a new PID namespace and runs :mod:`.launcher`) or *restores* one from a CRIU
 image (``criu restore --root`` in a throwaway mount namespace where the sandbox's overlay is
 mounted, the image's pipes replaced by the new ones with ``--inherit-fd``; memory pages
-served lazily by ``criu lazy-pages`` when asked). Either way the sandbox's processes join its
+served lazily by our lazy-pages server when asked). Either way the sandbox's processes join its
 control group before they run, and the shim, a child subreaper, becomes their parent.
 
 Then it serves the engine as QEMU does for a VM: each channel is a Unix socket in the engine's
@@ -134,7 +134,8 @@ class Shim:
     def _stop(self, *_: object) -> None:
         self.stopping = True
         if self.lazy is not None:  # no page is wanted now; the kill would wait for them all
-            self.lazy.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.lazy.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.init, signal.SIGKILL)
 
@@ -149,14 +150,14 @@ class Shim:
             if pid == self.init:
                 return status
             lazy = self.lazy
-            if lazy is not None and lazy.process.pid == pid:
+            if lazy is not None and lazy.pid == pid:
                 self.lazy = None
                 shutil.rmtree(lazy.images, ignore_errors=True)
                 code = os.waitstatus_to_exitcode(status)
                 if (
                     code != 0 and not self.stopping
                 ):  # pages it had not served yet are lost: the sandbox cannot go on
-                    self._note(f"criu lazy-pages failed with status {code}")
+                    self._note(f"the lazy-pages server failed with status {code}")
                     self._stop()
 
     def _note(self, text: str) -> None:
@@ -278,7 +279,8 @@ class Shim:
         with contextlib.suppress(OSError):
             Cgroup(Hierarchy.detect(), self.config.cgroup).kill()
         if self.lazy is not None:
-            self.lazy.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.lazy.pid, signal.SIGKILL)
             shutil.rmtree(self.lazy.images, ignore_errors=True)
         for relay in self.relays:
             with contextlib.suppress(OSError):
