@@ -8,6 +8,7 @@ the background).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -34,6 +35,11 @@ class Lazy:
 
     pid: int
     images: Path
+
+    def kill(self) -> None:
+        """Stop it at once (it may have ended already; its pid is reaped by the shim)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
 
 def restore(config: ShimConfig, pipes: Pipes, directory: Path) -> tuple[int, Lazy | None]:

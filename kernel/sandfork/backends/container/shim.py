@@ -134,8 +134,7 @@ class Shim:
     def _stop(self, *_: object) -> None:
         self.stopping = True
         if self.lazy is not None:  # no page is wanted now; the kill would wait for them all
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.lazy.pid, signal.SIGKILL)
+            self.lazy.kill()
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.init, signal.SIGKILL)
 
@@ -279,8 +278,7 @@ class Shim:
         with contextlib.suppress(OSError):
             Cgroup(Hierarchy.detect(), self.config.cgroup).kill()
         if self.lazy is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.lazy.pid, signal.SIGKILL)
+            self.lazy.kill()
             shutil.rmtree(self.lazy.images, ignore_errors=True)
         for relay in self.relays:
             with contextlib.suppress(OSError):
