@@ -170,9 +170,10 @@ class EngineProcess:
     def remove_leftovers(self) -> tuple[list[int], list[str]]:
         """Kill what the engine's sandboxes left running (its processes, then its container
         groups), as after the loss of its host; the pids and groups there were."""
-        pids = self.sandbox_pids()
+        pids = list(self._processes())
         for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         groups = self.container_groups()
         for group in groups:
             group.kill()
@@ -228,22 +229,36 @@ class EngineProcess:
         return False
 
     def sandbox_pids(self) -> list[int]:
-        """The process of each of this engine's sandboxes, VM or container (their command
-        lines, or a shim's working directory, name our home)."""
-        pids = []
+        """The process of each of this engine's sandboxes, VM or container; not a shim's own
+        children (its lazy-pages server is forked from it and looks just like it)."""
+        ours = self._processes()
+        return [pid for pid, parent in ours.items() if parent not in ours]
+
+    def _processes(self) -> dict[int, int]:
+        """Every QEMU or shim process of this engine (their command lines, or a shim's working
+        directory, name our home), with its parent's pid."""
+        found = {}
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 identity = _identity(proc)
                 ours = b"qemu-system" in identity or SHIM.encode() in identity
                 if ours and str(self.home).encode() in identity:
-                    pids.append(int(proc.name))
-        return pids
+                    found[int(proc.name)] = _parent(proc)
+        return found
 
     def container_groups(self) -> list[Cgroup]:
         """The control groups this engine's container sandboxes still have."""
         hierarchy = Hierarchy.detect()
         parent = engine_groups(self.home)
         return [Cgroup(hierarchy, f"{parent}/{name}") for name in hierarchy.groups(parent)]
+
+
+def _parent(proc: Path) -> int:
+    """A process's parent's pid (0 once it is gone)."""
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _identity(proc: Path) -> bytes:

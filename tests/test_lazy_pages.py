@@ -221,6 +221,8 @@ def test_memory_forked_remapped_dropped_and_unmapped_before_its_pages_came(
         copy = Sandbox.create(from_snapshot=snapshot_id, client=container_engine.client())
         try:
             parked()
+            # Its lazy-pages server, forked from its shim, is not a sandbox of its own.
+            assert container_engine.sandbox_pids() == [container_engine.sandbox_pid(copy.id)]
             ctx = copy.create_code_context()
             ctx.run_code(WHILE_PARKED)
             assert ctx.run_code(f"seen == {WANTED}").text == "True", ctx.run_code("seen").text
