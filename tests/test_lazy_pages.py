@@ -1,13 +1,15 @@
 """The lazy-pages server of a container restore (``backends/container/lazy_pages.py``): the
 image reading it starts from, fed crafted and hostile images, and a real restored sandbox
 that forks, remaps, drops and unmaps memory whose pages have not come yet, its background
-copy parked at the hold point ``lazy.background`` until it has.
+copy parked at the hold point ``lazy.background`` until it has; and a capture of a sandbox
+whose pages have not all come, which waits for them.
 """
 
 from __future__ import annotations
 
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from sandfork.backends.container.pagemap import (
 from sandfork.sdk import Sandbox
 
 MAGIC = b"\x00" * 8  # what CRIU writes there is not read
+PAGES_AWAITED = "waits for the pages still coming"  # what the engine logs then
 
 
 def varint(value: int) -> bytes:
@@ -239,3 +242,43 @@ def test_memory_forked_remapped_dropped_and_unmapped_before_its_pages_came(
         assert ctx.run_code(f"later == {WANTED_LATER}").text == "True", ctx.run_code("later").text
     finally:
         copy.kill()
+
+
+@pytest.mark.container
+def test_a_capture_waits_for_the_pages_still_coming(container_engine: EngineProcess) -> None:
+    """CRIU dumps the pages a process has in place, so a capture taken while the lazy-pages
+    server still had pages to bring would restore them as zeros: it waits for them."""
+    client = container_engine.client()
+    box = Sandbox.create(backend="container", memory_mb=512, client=client)
+    try:
+        box.create_code_context().run_code(
+            "import hashlib, os\ndata = os.urandom(64 << 20)\n"
+            "digest = hashlib.sha256(data).hexdigest()"
+        )
+        snapshot_id = box.snapshot().id
+    finally:
+        box.kill()
+    log = container_engine.home / "engine.log"
+    with ThreadPoolExecutor(1) as pool:
+        with container_engine.holding("lazy.background") as parked:
+            copy = Sandbox.create(from_snapshot=snapshot_id, client=client)
+            try:
+                parked()
+                taking = pool.submit(copy.snapshot, "while its pages came")
+                deadline = time.monotonic() + 300  # a bound for a hang, not a speed
+                while not taking.done() and PAGES_AWAITED not in log.read_text():
+                    assert time.monotonic() < deadline, "the capture neither waited nor ended"
+                    time.sleep(0.05)
+            except BaseException:
+                copy.kill()
+                raise
+        try:
+            later = taking.result().id
+        finally:
+            copy.kill()
+    again = Sandbox.create(from_snapshot=later, client=client)
+    try:
+        check = again.create_code_context().run_code("hashlib.sha256(data).hexdigest() == digest")
+        assert check.text == "True", check
+    finally:
+        again.kill()

@@ -39,6 +39,7 @@ from sandfork.backends.container.pagemap import lazy_runs
 from sandfork.holdpoints import hold_point_sync
 
 SOCKET = "lazy-pages.socket"
+DONE = "lazy-pages.done"  # written beside the socket once every page is in place
 FINISHED = 0x52535446  # LAZY_PAGES_RESTORE_FINISHED
 PIECE = 1 << 20  # a background read
 FAULT_THREADS = 8
@@ -269,3 +270,4 @@ def _serve_here(images: Path, work: Path, listener: socket.socket) -> None:
         server.by_fault / 2**20,
         server.in_background / 2**20,
     )
+    (work / DONE).touch()

@@ -22,6 +22,7 @@ from sandfork.backends.container import lazy_pages
 from sandfork.backends.container.launcher import mount, overlay_options
 from sandfork.backends.container.stdio import Pipes, RestoreConfig, ShimConfig, child_setup
 
+WORK = "criu"  # a restored sandbox's CRIU working folder, in the sandbox's own
 _CLONE_NEWNS = 0x00020000
 _MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
 
@@ -55,7 +56,7 @@ def restore(config: ShimConfig, pipes: Pipes, directory: Path) -> tuple[int, Laz
         slot = 10 + int(fd)
         fds[slot] = pipes.sandbox[int(fd)]
         inherit += ["--inherit-fd", f"fd[{slot}]:pipe:[{inode}]"]
-    work = directory / "criu"
+    work = directory / WORK
     work.mkdir(exist_ok=True)
     command = [*restore.criu, "restore", "-D", str(images), "-W", str(work), "-o", "restore.log"]
     command += ["--root", restore.root, "--restore-detached", "--pidfile", str(work / "init.pid")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -27,6 +28,8 @@ from sandfork.backends.base import Captured, CaptureRequest
 from sandfork.backends.container import layers
 from sandfork.backends.container.cgroups import Cgroup
 from sandfork.backends.container.criu import Criu
+from sandfork.backends.container.lazy_pages import DONE
+from sandfork.backends.container.restoring import WORK
 from sandfork.backends.container.shim import CONSOLE, EXIT, RECORD
 from sandfork.backends.container.shim_pool import ShimPool
 from sandfork.backends.container.stdio import ShimConfig
@@ -38,6 +41,8 @@ PIPES = "pipes.json"  # the dumped sandbox's pipe inodes, by its fd: what a rest
 DUMP_LOG = "dump.log"
 _SHIM_STOP_S = 10.0
 _STATS_DUMP = "stats-dump"
+
+log = logging.getLogger(__name__)
 
 
 class ContainerError(Exception):
@@ -177,10 +182,11 @@ class ContainerSandbox:
     async def snapshot(self, dest: Path, request: CaptureRequest) -> Captured:
         """Dump the sandbox into ``dest/images`` and copy its writable layer into a new
         layer while it is frozen; it runs on, unmoved."""
+        record = self.record()
+        await self._pages_in_place(record)
         new_disk = request.new_layer(layers.backing(self.disk), layers.SUFFIX)
         images = dest / IMAGES
         images.mkdir()
-        record = self.record()
         (dest / PIPES).write_text(json.dumps(record["pipes"]))
         work = self.dir / "dump"
         work.mkdir(exist_ok=True)
@@ -241,6 +247,30 @@ class ContainerSandbox:
             sandbox_disk=self.disk,
             layers=(new_disk,),
         )
+
+    async def _pages_in_place(self, record: dict[str, object]) -> None:
+        """Wait until the lazy-pages server of a restored sandbox has put every page in place:
+        CRIU dumps the pages a process has, so those still to come would restore as zeros."""
+        pid, started = record.get("lazy"), record.get("lazy_start")
+        if not isinstance(pid, int):
+            return  # not restored lazily
+        with contextlib.suppress(ProcessLookupError):
+            fd = os.pidfd_open(pid)
+            try:
+                if started is not None and start_time(pid) == started:
+                    log.info("a capture of %s waits for the pages still coming", self.dir.name)
+                    ended = asyncio.Event()
+                    loop = asyncio.get_running_loop()
+                    loop.add_reader(fd, ended.set)  # readable once it has exited
+                    try:
+                        await ended.wait()
+                    finally:
+                        loop.remove_reader(fd)
+            finally:
+                os.close(fd)
+        if not (self.dir / WORK / DONE).exists():
+            reason = self.failure_reason() or "its lazy-pages server failed"
+            raise ContainerError(f"the sandbox's memory did not all come back: {reason}")
 
     # -- the end --------------------------------------------------------------------------
 

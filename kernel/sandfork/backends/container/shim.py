@@ -332,6 +332,8 @@ def main() -> None:
     pipes.close_sandbox_side()
     record: dict[str, object] = {"shim": os.getpid(), "shim_start": start_time(os.getpid())}
     record |= {"init": init, "init_start": start_time(init), "pipes": inodes}
+    if lazy is not None:  # a capture waits for it: see ContainerSandbox.snapshot
+        record |= {"lazy": lazy.pid, "lazy_start": start_time(lazy.pid)}
     record["config"] = asdict(config)  # what it was started with
     shim = Shim(config, pipes, init, lazy)
     write_json(directory / RECORD, record)
