@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from sandfork.store import tree
+from sandfork.store.ahead import Ahead
 from sandfork.store.cache import Cache
-from sandfork.store.manifest import Entry, Manifest, ManifestError, parse
+from sandfork.store.manifest import ZERO, Entry, Manifest, ManifestError, parse
 from sandfork.store.objects import ObjectMissing, ObjectStore, StoreError
 from sandfork.store.pages import Packer, PageIndex
 
@@ -203,10 +204,14 @@ class ChunkStore:
         staging = dest.with_name(f".fetch-{dest.name}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o700)
-        # Spans in a row mostly come from one chunk: its checked bytes are kept at hand.
-        recent = functools.lru_cache(maxsize=RECENT_CHUNKS)(self.chunk)
+        order = (
+            d for e in manifest.entries if e.name not in later for d, _, _ in e.spans if d != ZERO
+        )
         try:
-            tree.materialise(manifest.entries, staging, recent, later)
+            with Ahead(self.chunk, order) as ahead:
+                # Spans in a row mostly come from one chunk: its checked bytes kept at hand.
+                recent = functools.lru_cache(maxsize=RECENT_CHUNKS)(ahead)
+                tree.materialise(manifest.entries, staging, recent, later)
             staging.rename(dest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

@@ -109,31 +109,13 @@ def unavailable() -> str | None:
     return None
 
 
-class OverlayLayers:
-    """The container backend's disk layers (:mod:`.layers`) as the engine's chains see them."""
-
-    suffix = layers.SUFFIX
-
-    def create_overlay(self, base: Path, overlay: Path) -> None:
-        """An empty layer over ``base``."""
-        layers.create(overlay, base)
-
-    def backing_chain(self, image: Path) -> list[Path]:
-        """``image``, the layers below it and the tree."""
-        return layers.chain(image)
-
-    def rebase(self, layer: Path, backing: Path) -> None:
-        """Point ``layer`` at another backing."""
-        layers.set_backing(layer, backing)
-
-
 class ContainerBackend:
     """Runs sandboxes as CRIU-captured process trees over overlays of a template's tree."""
 
     name = "container"
     isolation = "container"
     accelerator = "native"
-    images = OverlayLayers()
+    images = layers.OverlayLayers()
     memory_suffix: str | None = None
     # A fork's capture is dumped into RAM (nothing waits on the disk) and its copies link
     # the image files from the same RAM folder (see _links) until their pages are served.

@@ -78,6 +78,24 @@ def set_backing(layer: Path, below: Path) -> None:
     tmp.rename(layer / BACKING)
 
 
+class OverlayLayers:
+    """The container backend's disk layers as the engine's chains see them."""
+
+    suffix = SUFFIX
+
+    def create_overlay(self, base: Path, overlay: Path) -> None:
+        """An empty layer over ``base``."""
+        create(overlay, base)
+
+    def backing_chain(self, image: Path) -> list[Path]:
+        """``image``, the layers below it and the tree."""
+        return chain(image)
+
+    def rebase(self, layer: Path, backing: Path) -> None:
+        """Point ``layer`` at another backing."""
+        set_backing(layer, backing)
+
+
 @dataclass(frozen=True)
 class _Source:
     size: int
