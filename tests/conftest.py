@@ -20,6 +20,7 @@ import requests
 from sandfork.backends.container.backend import engine_groups
 from sandfork.backends.container.cgroups import Cgroup, Hierarchy
 from sandfork.backends.fake import FakeHost
+from sandfork.backends.processes import parent_pid
 from sandfork.holdpoints import HOLD_POINTS
 from sandfork.sdk import Client, NotFoundError, SandforkError
 from sandfork.templates import ensure_template
@@ -234,16 +235,16 @@ class EngineProcess:
         ours = self._processes()
         return [pid for pid, parent in ours.items() if parent not in ours]
 
-    def _processes(self) -> dict[int, int]:
+    def _processes(self) -> dict[int, int | None]:
         """Every QEMU or shim process of this engine (their command lines, or a shim's working
-        directory, name our home), with its parent's pid."""
-        found = {}
+        directory, name our home), with its parent's pid (``None`` once it is gone)."""
+        found: dict[int, int | None] = {}
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 identity = _identity(proc)
                 ours = b"qemu-system" in identity or SHIM.encode() in identity
                 if ours and str(self.home).encode() in identity:
-                    found[int(proc.name)] = _parent(proc)
+                    found[int(proc.name)] = parent_pid(int(proc.name))
         return found
 
     def container_groups(self) -> list[Cgroup]:
@@ -251,14 +252,6 @@ class EngineProcess:
         hierarchy = Hierarchy.detect()
         parent = engine_groups(self.home)
         return [Cgroup(hierarchy, f"{parent}/{name}") for name in hierarchy.groups(parent)]
-
-
-def _parent(proc: Path) -> int:
-    """A process's parent's pid (0 once it is gone)."""
-    try:
-        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def _identity(proc: Path) -> bytes:

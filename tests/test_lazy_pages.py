@@ -24,6 +24,7 @@ from sandfork.backends.container.pagemap import (
     Run,
     lazy_runs,
 )
+from sandfork.backends.container.restoring import WORK
 from sandfork.sdk import Sandbox
 
 MAGIC = b"\x00" * 8  # what CRIU writes there is not read
@@ -233,7 +234,7 @@ def test_memory_forked_remapped_dropped_and_unmapped_before_its_pages_came(
             copy.kill()
             raise
     try:
-        log = container_engine.home / "sandboxes" / copy.id / "criu" / "lazy.log"
+        log = container_engine.home / "sandboxes" / copy.id / WORK / "lazy.log"
         deadline = time.monotonic() + 300  # a bound for a hang, not a speed
         while "every page in place" not in (log.read_text() if log.exists() else ""):
             assert time.monotonic() < deadline, "the background copy never ended"

@@ -13,12 +13,24 @@ from pathlib import Path
 def start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot); ``None`` if it is gone or a
     zombie. A pid recorded with its start time cannot be mistaken for a recycled one."""
+    fields = _stat(pid)
+    return None if fields is None or fields[0] == "Z" else int(fields[19])
+
+
+def parent_pid(pid: int) -> int | None:
+    """The pid of process ``pid``'s parent; ``None`` if it is gone."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces and
+    parentheses), from the state on; ``None`` if the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] == "Z" else int(fields[19])
+    return stat.rsplit(")", 1)[1].split()
 
 
 def kill_process(pid: int) -> None:
